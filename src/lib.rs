@@ -1,0 +1,1 @@
+//! eos-bridge: an exactly-once Kafka bridge.

@@ -1,0 +1,292 @@
+//! Test harness shared by the integration tests: a real Apache Kafka broker (through
+//! scripts/kafka), random names, and Kafka's own Java tools as the independent reader.
+//!
+//! The broker comes from `EOS_BRIDGE_TEST_BOOTSTRAP` when set (CI starts one for the whole run);
+//! otherwise the first test of a test binary starts one under a private name and the process's
+//! exit stops it.
+#![allow(dead_code)]
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::sync::{Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use rand::Rng;
+
+pub fn repo_root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+pub fn kafka_script() -> PathBuf {
+    repo_root().join("scripts/kafka")
+}
+
+/// Brokers this process started, stopped when the process exits.
+static STARTED: Mutex<Vec<String>> = Mutex::new(Vec::new());
+
+extern "C" fn stop_started_brokers() {
+    let names = STARTED.lock().map(|v| v.clone()).unwrap_or_default();
+    for name in names {
+        let _ = Command::new(kafka_script())
+            .args(["stop", "--name", &name, "--purge"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status();
+    }
+}
+
+fn register_stop(name: &str) {
+    let mut started = STARTED.lock().unwrap();
+    if started.is_empty() {
+        // SAFETY: registering a plain extern "C" fn with no captured state.
+        unsafe {
+            libc::atexit(stop_started_brokers);
+        }
+    }
+    started.push(name.to_string());
+}
+
+/// A broker started by this process under its own name; `stop`, `kill` and `restart` are for tests
+/// that take the broker down on purpose.
+pub struct Broker {
+    pub name: String,
+    pub bootstrap: String,
+}
+
+impl Broker {
+    pub fn start_private(prefix: &str) -> Broker {
+        let name = format!("{prefix}-{}", random_suffix());
+        register_stop(&name);
+        let bootstrap = run_kafka_script(&["start", "--name", &name, "--fresh"]);
+        Broker { name, bootstrap }
+    }
+
+    pub fn kill9(&self) {
+        run_kafka_script(&["kill", "--name", &self.name]);
+    }
+
+    pub fn restart(&self) {
+        let b = run_kafka_script(&["start", "--name", &self.name]);
+        assert_eq!(b, self.bootstrap, "a restarted broker keeps its address");
+    }
+
+    pub fn stop(&self) {
+        run_kafka_script(&["stop", "--name", &self.name]);
+    }
+}
+
+fn run_kafka_script(args: &[&str]) -> String {
+    let out = Command::new(kafka_script())
+        .args(args)
+        .stderr(Stdio::inherit())
+        .output()
+        .expect("scripts/kafka runs");
+    assert!(out.status.success(), "scripts/kafka {args:?} failed");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .last()
+        .expect("scripts/kafka prints the bootstrap address last")
+        .trim()
+        .to_string()
+}
+
+/// The shared broker of this test run.
+pub fn bootstrap() -> &'static str {
+    static BOOTSTRAP: OnceLock<String> = OnceLock::new();
+    BOOTSTRAP.get_or_init(|| match std::env::var("EOS_BRIDGE_TEST_BOOTSTRAP") {
+        Ok(b) if !b.is_empty() => b,
+        _ => Broker::start_private("test").bootstrap,
+    })
+}
+
+/// A second cluster for cross-cluster tests: `EOS_BRIDGE_TEST_BOOTSTRAP2` or one started here.
+pub fn second_bootstrap() -> &'static str {
+    static BOOTSTRAP2: OnceLock<String> = OnceLock::new();
+    BOOTSTRAP2.get_or_init(|| match std::env::var("EOS_BRIDGE_TEST_BOOTSTRAP2") {
+        Ok(b) if !b.is_empty() => b,
+        _ => Broker::start_private("test2").bootstrap,
+    })
+}
+
+pub fn random_suffix() -> String {
+    let mut rng = rand::rng();
+    (0..10)
+        .map(|_| char::from(b'a' + rng.random_range(0..26u8)))
+        .collect()
+}
+
+/// A topic or transactional id of its own for every test.
+pub fn unique(prefix: &str) -> String {
+    format!("{prefix}-{}", random_suffix())
+}
+
+/// Runs a Kafka command-line class through scripts/kafka tool.
+pub fn kafka_tool(class: &str, args: &[&str]) -> Output {
+    let mut all = vec!["tool", class];
+    all.extend_from_slice(args);
+    Command::new(kafka_script())
+        .args(&all)
+        .output()
+        .expect("scripts/kafka tool runs")
+}
+
+pub fn create_topic(bootstrap: &str, topic: &str, partitions: u32) {
+    let p = partitions.to_string();
+    let out = kafka_tool(
+        "TopicCommand",
+        &[
+            "--bootstrap-server",
+            bootstrap,
+            "--create",
+            "--topic",
+            topic,
+            "--partitions",
+            &p,
+            "--replication-factor",
+            "1",
+        ],
+    );
+    assert!(
+        out.status.success(),
+        "creating topic {topic} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// One record as Kafka's console consumer printed it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Seen {
+    pub partition: i32,
+    pub offset: i64,
+    pub key: String,
+    pub value: String,
+}
+
+/// Reads a whole topic with Apache Kafka's console consumer until it has been idle for `idle`.
+/// `read_committed` picks the isolation level.
+pub fn console_consume(
+    bootstrap: &str,
+    topic: &str,
+    read_committed: bool,
+    idle: Duration,
+) -> Vec<Seen> {
+    let idle_ms = idle.as_millis().to_string();
+    let isolation = if read_committed {
+        "read_committed"
+    } else {
+        "read_uncommitted"
+    };
+    let out = kafka_tool(
+        "ConsoleConsumer",
+        &[
+            "--bootstrap-server",
+            bootstrap,
+            "--topic",
+            topic,
+            "--from-beginning",
+            "--isolation-level",
+            isolation,
+            "--timeout-ms",
+            &idle_ms,
+            "--property",
+            "print.partition=true",
+            "--property",
+            "print.offset=true",
+            "--property",
+            "print.key=true",
+            "--property",
+            "key.separator=|",
+        ],
+    );
+    // The console consumer exits non-zero when its idle timeout fires; its output is what counts.
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    parse_console_lines(&stdout)
+}
+
+/// Parses `Partition:P|Offset:O|KEY|VALUE` lines (the formatter's separator is `|`).
+pub fn parse_console_lines(text: &str) -> Vec<Seen> {
+    text.lines()
+        .filter(|l| l.starts_with("Partition:"))
+        .map(|l| {
+            let mut parts = l.splitn(4, '|');
+            let p = parts.next().unwrap().trim_start_matches("Partition:");
+            let o = parts.next().unwrap().trim_start_matches("Offset:");
+            let key = parts.next().unwrap_or("").to_string();
+            let value = parts.next().unwrap_or("").to_string();
+            Seen {
+                partition: p.parse().expect("partition number"),
+                offset: o.parse().expect("offset number"),
+                key,
+                value,
+            }
+        })
+        .collect()
+}
+
+/// Values per partition, in offset order.
+pub fn by_partition(records: &[Seen]) -> BTreeMap<i32, Vec<String>> {
+    let mut sorted = records.to_vec();
+    sorted.sort_by_key(|r| (r.partition, r.offset));
+    let mut map: BTreeMap<i32, Vec<String>> = BTreeMap::new();
+    for r in sorted {
+        map.entry(r.partition).or_default().push(r.value);
+    }
+    map
+}
+
+/// Produces `count` sequenced records (values "0".."count-1", or with a prefix) with Kafka's
+/// VerifiableProducer, at most `throughput` records/s (-1: unthrottled).
+pub fn verifiable_produce(
+    bootstrap: &str,
+    topic: &str,
+    count: u64,
+    throughput: i64,
+    prefix: Option<u32>,
+) -> Output {
+    let c = count.to_string();
+    let t = throughput.to_string();
+    let mut args = vec![
+        "--bootstrap-server",
+        bootstrap,
+        "--topic",
+        topic,
+        "--max-messages",
+        &c,
+        "--throughput",
+        &t,
+        "--acks",
+        "-1",
+    ];
+    let p;
+    if let Some(prefix) = prefix {
+        p = prefix.to_string();
+        args.extend_from_slice(&["--value-prefix", &p]);
+    }
+    kafka_tool("VerifiableProducer", &args)
+}
+
+/// Polls `cond` until it holds or `deadline` passes; returns whether it held.
+pub fn wait_until(deadline: Duration, mut cond: impl FnMut() -> bool) -> bool {
+    let end = Instant::now() + deadline;
+    loop {
+        if cond() {
+            return true;
+        }
+        if Instant::now() >= end {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+pub fn temp_state_dir() -> tempfile::TempDir {
+    tempfile::Builder::new()
+        .prefix("eos-bridge-test-")
+        .tempdir()
+        .expect("temp dir")
+}
+
+pub fn path_str(p: &Path) -> &str {
+    p.to_str().expect("utf-8 path")
+}
