@@ -6,6 +6,8 @@
 //! exit stops it.
 #![allow(dead_code)]
 
+pub mod bridge;
+
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
@@ -289,4 +291,76 @@ pub fn temp_state_dir() -> tempfile::TempDir {
 
 pub fn path_str(p: &Path) -> &str {
     p.to_str().expect("utf-8 path")
+}
+
+/// Heavy tests take this lock so that they do not share the two cores with each other.
+pub fn serial() -> std::sync::MutexGuard<'static, ()> {
+    static LOCK: Mutex<()> = Mutex::new(());
+    LOCK.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// The exactly-once verdict, by Kafka's own console consumer with read_committed on both sides:
+/// for every source partition, the sink partition of the same number holds exactly the source's
+/// values in the source's order (none missing, none twice, order kept). Returns the record count.
+pub fn assert_exactly_once(
+    source_bootstrap: &str,
+    source_topic: &str,
+    sink_bootstrap: &str,
+    sink_topic: &str,
+) -> usize {
+    let source = by_partition(&console_consume(
+        source_bootstrap,
+        source_topic,
+        true,
+        Duration::from_secs(4),
+    ));
+    let sink_records = console_consume(sink_bootstrap, sink_topic, true, Duration::from_secs(4));
+    let sink = by_partition(&sink_records);
+    assert_same_sequences(&source, &sink);
+    sink_records.len()
+}
+
+/// Compares per-partition sequences and fails with a summary a person can act on.
+pub fn assert_same_sequences(
+    source: &BTreeMap<i32, Vec<String>>,
+    sink: &BTreeMap<i32, Vec<String>>,
+) {
+    let mut problems = Vec::new();
+    for (p, want) in source {
+        let got = sink.get(p).cloned().unwrap_or_default();
+        if &got == want {
+            continue;
+        }
+        let mut counts: std::collections::HashMap<&str, i64> = std::collections::HashMap::new();
+        for v in want {
+            *counts.entry(v.as_str()).or_default() += 1;
+        }
+        for v in &got {
+            *counts.entry(v.as_str()).or_default() -= 1;
+        }
+        let missing = counts.values().filter(|c| **c > 0).count();
+        let extra: i64 = counts.values().filter(|c| **c < 0).map(|c| -c).sum();
+        problems.push(format!(
+            "partition {p}: source {} records, sink {}, missing {missing}, duplicated/foreign {extra}, order {}",
+            want.len(),
+            got.len(),
+            if missing == 0 && extra == 0 { "differs" } else { "n/a" }
+        ));
+    }
+    for p in sink.keys() {
+        if !source.contains_key(p) {
+            problems.push(format!(
+                "sink partition {p} has records but the source partition has none"
+            ));
+        }
+    }
+    assert!(
+        problems.is_empty(),
+        "not exactly once:\n{}",
+        problems.join("\n")
+    );
+    assert!(
+        !source.is_empty(),
+        "the source is empty: the test proves nothing"
+    );
 }

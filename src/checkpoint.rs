@@ -1,0 +1,958 @@
+//! Checkpoints: their versioned, checksummed wire format and their durable store in sled.
+//!
+//! This module owns everything about the local state directory: the record format, the key
+//! scheme, the pending → committed life cycle, retention (savepoints are never pruned), and the
+//! sequence of calls that makes a checkpoint durable. It never decides what was committed: sled
+//! only records what this process saw, and the commit marker in Kafka stays the authority (see
+//! `recovery`). sled 0.34 has had corruption reports after abrupt stops, so every record carries a
+//! checksum and a corrupt record is reported and skipped rather than trusted.
+//!
+//! Key scheme: `ckpt/` followed by the checkpoint id as 20 zero-padded decimal digits (u64::MAX
+//! has 20 digits). Fixed width makes byte order equal numeric order, so sled's ordered scans return
+//! checkpoints by ascending id, and the key stays printable for operators and for `CorruptEntry`.
+//!
+//! Durability: every mutating call applies exactly one `sled::Batch` (so a checkpoint and the
+//! pruning it causes land together or not at all), then `Db::flush`, then fsyncs any blob files
+//! sled wrote, then `sync_all` on a handle to `<dir>/db` held open by the store. `flush` alone ends
+//! in `sync_file_range` on Linux, which survives a process crash but not a power loss.
+
+use std::collections::{BTreeMap, HashSet};
+use std::ffi::OsString;
+use std::fs::{self, File, OpenOptions};
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::{Mutex, MutexGuard};
+
+use serde::{Deserialize, Serialize};
+use thiserror::Error;
+
+use crate::positions::Positions;
+
+/// First bytes of every stored checkpoint, so that a foreign or garbled value is told apart from
+/// a checkpoint of an unknown version.
+pub const MAGIC: [u8; 4] = *b"EOSC";
+/// The record format this build writes and the only one it reads.
+pub const FORMAT_VERSION: u8 = 1;
+/// Magic, version byte, big-endian crc32 of the payload.
+pub const HEADER_LEN: usize = 4 + 1 + 4;
+
+const KEY_PREFIX: &str = "ckpt/";
+const KEY_ID_DIGITS: usize = 20;
+
+/// sled's default cache is 1 GiB; a store holding a handful of small checkpoints needs almost
+/// none, and the bridge runs in memory-limited containers.
+const CACHE_CAPACITY_BYTES: u64 = 4 * 1024 * 1024;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum CheckpointState {
+    Pending,
+    Committed,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Checkpoint {
+    pub id: u64,
+    pub bridge_id: String,
+    pub instance: u32,
+    pub instances: u32,
+    pub state: CheckpointState,
+    pub positions: Positions,
+    pub created_ms: i64,
+    /// Set when this checkpoint is a named savepoint: retention never prunes it.
+    pub savepoint: Option<String>,
+}
+
+#[derive(Debug, Error)]
+pub enum CodecError {
+    #[error(
+        "checkpoint record is {len} bytes, shorter than its {HEADER_LEN}-byte header: it was truncated"
+    )]
+    TooShort { len: usize },
+    #[error(
+        "not a checkpoint record: it starts with bytes {found:02x?}, expected the magic \"EOSC\""
+    )]
+    BadMagic { found: [u8; 4] },
+    #[error(
+        "checkpoint record has format version {found}, this build reads version {FORMAT_VERSION}: \
+         upgrade eos-bridge to a release that reads it"
+    )]
+    UnsupportedVersion { found: u8 },
+    #[error(
+        "checkpoint record fails its checksum (stored crc32 {stored:08x}, computed {computed:08x}): \
+         the stored bytes were damaged"
+    )]
+    ChecksumMismatch { stored: u32, computed: u32 },
+    #[error("checkpoint record passed its checksum but its JSON payload is invalid: {0}")]
+    Json(#[source] serde_json::Error),
+}
+
+pub fn encode(c: &Checkpoint) -> Vec<u8> {
+    let payload = serde_json::to_vec(c).expect("a checkpoint always serializes to JSON");
+    let mut out = Vec::with_capacity(HEADER_LEN + payload.len());
+    out.extend_from_slice(&MAGIC);
+    out.push(FORMAT_VERSION);
+    out.extend_from_slice(&crc32fast::hash(&payload).to_be_bytes());
+    out.extend_from_slice(&payload);
+    out
+}
+
+pub fn decode(bytes: &[u8]) -> Result<Checkpoint, CodecError> {
+    if bytes.len() < HEADER_LEN {
+        return Err(CodecError::TooShort { len: bytes.len() });
+    }
+    let found: [u8; 4] = bytes[0..4].try_into().expect("four bytes");
+    if found != MAGIC {
+        return Err(CodecError::BadMagic { found });
+    }
+    if bytes[4] != FORMAT_VERSION {
+        return Err(CodecError::UnsupportedVersion { found: bytes[4] });
+    }
+    let stored = u32::from_be_bytes(bytes[5..9].try_into().expect("four bytes"));
+    let payload = &bytes[HEADER_LEN..];
+    let computed = crc32fast::hash(payload);
+    if stored != computed {
+        return Err(CodecError::ChecksumMismatch { stored, computed });
+    }
+    serde_json::from_slice(payload).map_err(CodecError::Json)
+}
+
+/// The sled key of a checkpoint id (see the module header for why this scheme).
+pub fn checkpoint_key(id: u64) -> String {
+    format!("{KEY_PREFIX}{id:0width$}", width = KEY_ID_DIGITS)
+}
+
+fn id_from_key(key: &str) -> Option<u64> {
+    let digits = key.strip_prefix(KEY_PREFIX)?;
+    // Only the canonical form: a key like "ckpt/7" was not written by this module, and accepting
+    // it would let two keys name one id.
+    if digits.len() != KEY_ID_DIGITS || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    digits.parse().ok()
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Loaded {
+    /// The checkpoints that decode and pass their checksum, by ascending id.
+    pub checkpoints: Vec<Checkpoint>,
+    /// Entries that could not be used, for the operator to see; they are left in place.
+    pub corrupt: Vec<CorruptEntry>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CorruptEntry {
+    /// The printable sled key, accepted by `CheckpointStore::remove_key`.
+    pub key: String,
+    /// The id the key names, when the key itself is intact.
+    pub id: Option<u64>,
+    pub reason: String,
+}
+
+#[derive(Debug, Error)]
+pub enum StoreError {
+    #[error(
+        "checkpoint retention is {retain}: at least 1 committed checkpoint must be kept to resume \
+         from; set the retention to 1 or more"
+    )]
+    InvalidRetain { retain: usize },
+    #[error(
+        "cannot create the state directory {}: {source}; check the path and that this user may \
+         write there", .dir.display()
+    )]
+    CreateDir { dir: PathBuf, source: io::Error },
+    #[error(
+        "the state directory {} is locked: another eos-bridge process is using it (one process per \
+         state directory); stop that process, or give each instance a state directory of its own",
+        .dir.display()
+    )]
+    Locked { dir: PathBuf },
+    #[error(
+        "cannot open the checkpoint database in {}: {source}; if the directory is damaged, move it \
+         away and restart: recovery then adopts the positions of the newest commit marker",
+        .dir.display()
+    )]
+    Open { dir: PathBuf, source: sled::Error },
+    #[error(
+        "the checkpoint database in {} failed: {source}; check the disk and its free space, then \
+         restart", .dir.display()
+    )]
+    Db { dir: PathBuf, source: sled::Error },
+    #[error("cannot {op} {}: {source}; check the disk and its free space", .path.display())]
+    Io {
+        op: &'static str,
+        path: PathBuf,
+        source: io::Error,
+    },
+    #[error("checkpoint {id} is not in {}: it was never written, or was pruned or discarded", .dir.display())]
+    NotFound { dir: PathBuf, id: u64 },
+    #[error(
+        "checkpoint {id} in {} is already committed: a committed checkpoint is never overwritten \
+         with a pending one nor discarded", .dir.display()
+    )]
+    AlreadyCommitted { dir: PathBuf, id: u64 },
+    #[error(
+        "entry {key} in {} is corrupt ({reason}); remove the entry, or move the state directory \
+         away and restart: the commit marker remains the authority on what was committed",
+        .dir.display()
+    )]
+    Corrupt {
+        dir: PathBuf,
+        key: String,
+        reason: String,
+    },
+    #[error(
+        "entry {key} in {} holds a valid checkpoint: refusing to remove it as corrupt (discard \
+         drops a pending checkpoint; retention prunes committed ones)", .dir.display()
+    )]
+    NotCorrupt { dir: PathBuf, key: String },
+}
+
+/// The files whose fsync makes a sled write durable, behind one lock that also serialises the
+/// read-modify-write of every mutating call.
+struct DurableFiles {
+    db_file: File,
+    /// Blob files already fsynced: sled never rewrites a blob in place, so each needs it once.
+    synced_blobs: HashSet<OsString>,
+}
+
+pub struct CheckpointStore {
+    dir: PathBuf,
+    retain: usize,
+    db: sled::Db,
+    durable: Mutex<DurableFiles>,
+}
+
+impl CheckpointStore {
+    /// Opens (creating if needed) the store in `dir`, keeping `retain` committed checkpoints that
+    /// are not savepoints.
+    pub fn open(dir: &Path, retain: usize) -> Result<Self, StoreError> {
+        if retain == 0 {
+            return Err(StoreError::InvalidRetain { retain });
+        }
+        let created = !dir.exists();
+        fs::create_dir_all(dir).map_err(|source| StoreError::CreateDir {
+            dir: dir.to_path_buf(),
+            source,
+        })?;
+        let db = sled::Config::new()
+            .path(dir)
+            .cache_capacity(CACHE_CAPACITY_BYTES)
+            .mode(sled::Mode::LowSpace)
+            .open()
+            .map_err(|source| open_error(dir, source))?;
+
+        // sled 0.34 keeps its whole log in this one file; sled already holds the lock on it, and
+        // flock locks belong to sled's descriptor, so this second handle neither takes nor drops it.
+        let db_path = dir.join("db");
+        let db_file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&db_path)
+            .map_err(io_error("open", &db_path))?;
+
+        // sled writes `conf` and creates `db` and `blobs/` without syncing them or their directory
+        // entries: a power loss right after the first start could otherwise leave a directory
+        // sled refuses to open. Doing it on every open also covers a previous run that crashed
+        // before getting this far.
+        let conf = dir.join("conf");
+        if conf.exists() {
+            sync_file(&conf)?;
+        }
+        db_file.sync_all().map_err(io_error("fsync", &db_path))?;
+        sync_dir(&dir.join("blobs"))?;
+        sync_dir(dir)?;
+        if created {
+            let parent = dir
+                .parent()
+                .filter(|p| !p.as_os_str().is_empty())
+                .unwrap_or(Path::new("."));
+            sync_dir(parent)?;
+        }
+
+        let store = CheckpointStore {
+            dir: dir.to_path_buf(),
+            retain,
+            db,
+            durable: Mutex::new(DurableFiles {
+                db_file,
+                synced_blobs: HashSet::new(),
+            }),
+        };
+        // Blobs a previous process wrote may never have been synced.
+        store.sync_new_blobs(&mut store.lock())?;
+        Ok(store)
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Every checkpoint entry: usable ones by ascending id, corrupt ones reported, not removed.
+    pub fn load(&self) -> Result<Loaded, StoreError> {
+        let mut loaded = Loaded::default();
+        for entry in self.db.scan_prefix(KEY_PREFIX) {
+            let (key, value) = entry.map_err(|e| self.db_error(e))?;
+            match classify(&key, &value) {
+                Ok(c) => loaded.checkpoints.push(c),
+                Err(corrupt) => loaded.corrupt.push(corrupt),
+            }
+        }
+        Ok(loaded)
+    }
+
+    /// The pre-commit write: `c` is stored as pending, whatever its `state` says. Rewriting a
+    /// pending checkpoint of the same id is allowed (an epoch retried after an abort keeps its id).
+    pub fn write_pending(&self, c: &Checkpoint) -> Result<(), StoreError> {
+        let mut files = self.lock();
+        match self.get(c.id) {
+            Ok(Some(existing)) if existing.state == CheckpointState::Committed => {
+                return Err(StoreError::AlreadyCommitted {
+                    dir: self.dir.clone(),
+                    id: c.id,
+                });
+            }
+            // An unreadable entry holds nothing to protect; the new record replaces it.
+            Ok(_) | Err(StoreError::Corrupt { .. }) => {}
+            Err(e) => return Err(e),
+        }
+        let mut pending = c.clone();
+        pending.state = CheckpointState::Pending;
+        let mut batch = sled::Batch::default();
+        batch.insert(checkpoint_key(pending.id).as_bytes(), encode(&pending));
+        self.apply_durably(&mut files, batch)
+    }
+
+    /// After `commit_transaction` succeeded: marks checkpoint `id` committed and prunes, in one
+    /// durable batch. Marking an already committed checkpoint again is harmless.
+    pub fn mark_committed(&self, id: u64) -> Result<(), StoreError> {
+        let mut files = self.lock();
+        let mut c = self.get(id)?.ok_or_else(|| StoreError::NotFound {
+            dir: self.dir.clone(),
+            id,
+        })?;
+        c.state = CheckpointState::Committed;
+        self.commit_with_retention(&mut files, &c)
+    }
+
+    /// Stores `c` directly as committed (at-least-once mode, or a checkpoint adopted from a commit
+    /// marker) and prunes, in one durable batch.
+    pub fn put_committed(&self, c: &Checkpoint) -> Result<(), StoreError> {
+        let mut files = self.lock();
+        let mut committed = c.clone();
+        committed.state = CheckpointState::Committed;
+        self.commit_with_retention(&mut files, &committed)
+    }
+
+    /// Drops a pending checkpoint that was never committed. A missing id is not an error, so a
+    /// discard interrupted by a crash can simply be repeated.
+    pub fn discard(&self, id: u64) -> Result<(), StoreError> {
+        let mut files = self.lock();
+        match self.get(id)? {
+            None => Ok(()),
+            Some(c) if c.state == CheckpointState::Committed => Err(StoreError::AlreadyCommitted {
+                dir: self.dir.clone(),
+                id,
+            }),
+            Some(_) => {
+                let mut batch = sled::Batch::default();
+                batch.remove(checkpoint_key(id).as_bytes());
+                self.apply_durably(&mut files, batch)
+            }
+        }
+    }
+
+    /// Drops an entry that `load` reported as corrupt. Refuses a key holding a usable checkpoint,
+    /// so that this escape hatch cannot remove committed state by mistake.
+    pub fn remove_key(&self, key: &str) -> Result<(), StoreError> {
+        let mut files = self.lock();
+        let Some(value) = self.db.get(key.as_bytes()).map_err(|e| self.db_error(e))? else {
+            return Ok(());
+        };
+        if classify(key.as_bytes(), &value).is_ok() {
+            return Err(StoreError::NotCorrupt {
+                dir: self.dir.clone(),
+                key: key.to_string(),
+            });
+        }
+        let mut batch = sled::Batch::default();
+        batch.remove(key.as_bytes());
+        self.apply_durably(&mut files, batch)
+    }
+
+    /// Flips one byte of the newest checkpoint's stored value (durably) and returns its id: lets
+    /// tests simulate the corruption sled has been reported to suffer after abrupt stops.
+    #[cfg(any(test, feature = "failpoints"))]
+    pub fn corrupt_newest_for_tests(&self) -> Result<Option<u64>, StoreError> {
+        let mut files = self.lock();
+        let Some(newest) = self.db.scan_prefix(KEY_PREFIX).next_back() else {
+            return Ok(None);
+        };
+        let (key, value) = newest.map_err(|e| self.db_error(e))?;
+        let mut bytes = value.to_vec();
+        // The last byte is in the payload, so the checksum is what catches it.
+        match bytes.last_mut() {
+            Some(b) => *b ^= 0x5a,
+            None => bytes.push(0x5a),
+        }
+        let mut batch = sled::Batch::default();
+        batch.insert(key.clone(), bytes);
+        self.apply_durably(&mut files, batch)?;
+        Ok(std::str::from_utf8(&key).ok().and_then(id_from_key))
+    }
+
+    fn lock(&self) -> MutexGuard<'_, DurableFiles> {
+        // The guarded state is a file handle and a set of names, both valid after any panic.
+        self.durable.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The checkpoint with `id`, `None` if absent, an error if its entry is corrupt.
+    fn get(&self, id: u64) -> Result<Option<Checkpoint>, StoreError> {
+        let key = checkpoint_key(id);
+        let Some(value) = self.db.get(key.as_bytes()).map_err(|e| self.db_error(e))? else {
+            return Ok(None);
+        };
+        classify(key.as_bytes(), &value)
+            .map(Some)
+            .map_err(|corrupt| StoreError::Corrupt {
+                dir: self.dir.clone(),
+                key: corrupt.key,
+                reason: corrupt.reason,
+            })
+    }
+
+    /// Writes committed checkpoint `c` and, in the same batch, applies retention as it will stand
+    /// once `c` is in: a crash can never leave the new checkpoint without its pruning or the
+    /// pruning without the new checkpoint.
+    fn commit_with_retention(
+        &self,
+        files: &mut DurableFiles,
+        c: &Checkpoint,
+    ) -> Result<(), StoreError> {
+        let mut after: BTreeMap<u64, (CheckpointState, bool)> = BTreeMap::new();
+        for entry in self.load()?.checkpoints {
+            after.insert(entry.id, (entry.state, entry.savepoint.is_some()));
+        }
+        after.insert(c.id, (c.state, c.savepoint.is_some()));
+
+        let mut batch = sled::Batch::default();
+        batch.insert(checkpoint_key(c.id).as_bytes(), encode(c));
+        for id in prune(&after, self.retain) {
+            batch.remove(checkpoint_key(id).as_bytes());
+        }
+        self.apply_durably(files, batch)
+    }
+
+    fn apply_durably(
+        &self,
+        files: &mut DurableFiles,
+        batch: sled::Batch,
+    ) -> Result<(), StoreError> {
+        self.db.apply_batch(batch).map_err(|e| self.db_error(e))?;
+        self.db.flush().map_err(|e| self.db_error(e))?;
+        // Blobs before the log: the log points at them, so they must be on disk no later.
+        self.sync_new_blobs(files)?;
+        let db_path = self.dir.join("db");
+        files
+            .db_file
+            .sync_all()
+            .map_err(io_error("fsync", &db_path))
+    }
+
+    /// sled writes values above about 128 KiB (a node holding several checkpoints of thousands of
+    /// partitions) as separate files under `blobs/` and never fsyncs them; the log would then
+    /// survive a power loss that the blob it points at did not.
+    fn sync_new_blobs(&self, files: &mut DurableFiles) -> Result<(), StoreError> {
+        let blobs = self.dir.join("blobs");
+        let entries = match fs::read_dir(&blobs) {
+            Ok(entries) => entries,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+            Err(e) => return Err(io_error("list", &blobs)(e)),
+        };
+        let mut present = HashSet::new();
+        let mut synced_any = false;
+        for entry in entries {
+            let entry = entry.map_err(io_error("list", &blobs))?;
+            let name = entry.file_name();
+            if !files.synced_blobs.contains(&name) {
+                match sync_file(&entry.path()) {
+                    Ok(()) => synced_any = true,
+                    // sled garbage-collects blobs concurrently.
+                    Err(StoreError::Io { source, .. })
+                        if source.kind() == io::ErrorKind::NotFound =>
+                    {
+                        continue
+                    }
+                    Err(e) => return Err(e),
+                }
+            }
+            present.insert(name);
+        }
+        if synced_any {
+            sync_dir(&blobs)?;
+        }
+        files.synced_blobs = present;
+        Ok(())
+    }
+
+    fn db_error(&self, source: sled::Error) -> StoreError {
+        StoreError::Db {
+            dir: self.dir.clone(),
+            source,
+        }
+    }
+}
+
+/// Ids to delete so that the store keeps the newest `retain` committed non-savepoint checkpoints
+/// and no pending checkpoint older than the newest committed one (its epoch has been settled
+/// since). Savepoints are never returned.
+fn prune(entries: &BTreeMap<u64, (CheckpointState, bool)>, retain: usize) -> Vec<u64> {
+    let newest_committed = entries
+        .iter()
+        .rev()
+        .find(|(_, (state, _))| *state == CheckpointState::Committed)
+        .map(|(id, _)| *id);
+    let mut kept = 0;
+    let mut delete = Vec::new();
+    for (&id, &(state, savepoint)) in entries.iter().rev() {
+        if savepoint {
+            continue;
+        }
+        match state {
+            CheckpointState::Committed if kept < retain => kept += 1,
+            CheckpointState::Committed => delete.push(id),
+            CheckpointState::Pending => {
+                if newest_committed.is_some_and(|newest| id < newest) {
+                    delete.push(id);
+                }
+            }
+        }
+    }
+    delete
+}
+
+/// A stored entry as a usable checkpoint, or the reason it is not one.
+fn classify(key: &[u8], value: &[u8]) -> Result<Checkpoint, CorruptEntry> {
+    let printable = String::from_utf8_lossy(key).into_owned();
+    let id = std::str::from_utf8(key).ok().and_then(id_from_key);
+    let corrupt = |reason: String| CorruptEntry {
+        key: printable.clone(),
+        id,
+        reason,
+    };
+    let Some(key_id) = id else {
+        return Err(corrupt(format!(
+            "the key is not `{KEY_PREFIX}` followed by a {KEY_ID_DIGITS}-digit id"
+        )));
+    };
+    let c = decode(value).map_err(|e| corrupt(e.to_string()))?;
+    if c.id != key_id {
+        return Err(corrupt(format!(
+            "the key names checkpoint {key_id} but the record holds checkpoint {}",
+            c.id
+        )));
+    }
+    Ok(c)
+}
+
+fn open_error(dir: &Path, source: sled::Error) -> StoreError {
+    // sled reports a held lock only as an `Io` error of kind `Other` whose text says so.
+    if let sled::Error::Io(e) = &source {
+        let text = e.to_string();
+        if e.kind() == io::ErrorKind::WouldBlock || text.contains("could not acquire lock") {
+            return StoreError::Locked {
+                dir: dir.to_path_buf(),
+            };
+        }
+    }
+    StoreError::Open {
+        dir: dir.to_path_buf(),
+        source,
+    }
+}
+
+fn io_error(op: &'static str, path: &Path) -> impl FnOnce(io::Error) -> StoreError {
+    let path = path.to_path_buf();
+    move |source| StoreError::Io { op, path, source }
+}
+
+fn sync_file(path: &Path) -> Result<(), StoreError> {
+    let f = File::open(path).map_err(io_error("open", path))?;
+    f.sync_all().map_err(io_error("fsync", path))
+}
+
+/// A file's directory entry is durable only once its directory is fsynced.
+fn sync_dir(path: &Path) -> Result<(), StoreError> {
+    #[cfg(unix)]
+    {
+        sync_file(path)
+    }
+    // Other systems cannot open a directory as a file; the bridge ships for Linux.
+    #[cfg(not(unix))]
+    {
+        let _ = path;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn checkpoint(id: u64, state: CheckpointState) -> Checkpoint {
+        let mut positions = Positions::new();
+        positions.set("orders", 0, id as i64 * 10);
+        positions.set("orders", 3, 7);
+        Checkpoint {
+            id,
+            bridge_id: "bridge".into(),
+            instance: 1,
+            instances: 3,
+            state,
+            positions,
+            created_ms: 1_700_000_000_000 + id as i64,
+            savepoint: None,
+        }
+    }
+
+    fn ids(store: &CheckpointStore) -> Vec<(u64, CheckpointState)> {
+        let loaded = store.load().unwrap();
+        assert!(loaded.corrupt.is_empty(), "{:?}", loaded.corrupt);
+        loaded.checkpoints.iter().map(|c| (c.id, c.state)).collect()
+    }
+
+    use CheckpointState::{Committed, Pending};
+
+    #[test]
+    fn codec_round_trip() {
+        let mut c = checkpoint(42, Pending);
+        c.savepoint = Some("before-upgrade".into());
+        let bytes = encode(&c);
+        assert_eq!(&bytes[0..4], b"EOSC");
+        assert_eq!(bytes[4], 1);
+        assert_eq!(decode(&bytes).unwrap(), c);
+        let json: serde_json::Value = serde_json::from_slice(&bytes[HEADER_LEN..]).unwrap();
+        assert_eq!(json["state"], "pending");
+    }
+
+    #[test]
+    fn each_corruption_kind_is_detected() {
+        let good = encode(&checkpoint(1, Committed));
+
+        let err = decode(&good[..HEADER_LEN - 1]).unwrap_err();
+        assert!(matches!(err, CodecError::TooShort { len: 8 }), "{err}");
+
+        let mut bad = good.clone();
+        bad[0] = b'X';
+        let err = decode(&bad).unwrap_err();
+        assert!(matches!(err, CodecError::BadMagic { .. }), "{err}");
+        assert!(err.to_string().contains("EOSC"), "{err}");
+
+        let mut bad = good.clone();
+        bad[4] = 2;
+        let err = decode(&bad).unwrap_err();
+        assert!(
+            matches!(err, CodecError::UnsupportedVersion { found: 2 }),
+            "{err}"
+        );
+        assert!(err.to_string().contains("upgrade"), "{err}");
+
+        let mut bad = good.clone();
+        let last = bad.len() - 1;
+        bad[last] ^= 1;
+        let err = decode(&bad).unwrap_err();
+        assert!(matches!(err, CodecError::ChecksumMismatch { .. }), "{err}");
+
+        // A payload with a valid checksum that is not a checkpoint.
+        let payload = br#"{"id":"not a number"}"#;
+        let mut bad = MAGIC.to_vec();
+        bad.push(FORMAT_VERSION);
+        bad.extend_from_slice(&crc32fast::hash(payload).to_be_bytes());
+        bad.extend_from_slice(payload);
+        let err = decode(&bad).unwrap_err();
+        assert!(matches!(err, CodecError::Json(_)), "{err}");
+    }
+
+    #[test]
+    fn keys_sort_by_id_and_are_printable() {
+        assert_eq!(checkpoint_key(7), "ckpt/00000000000000000007");
+        assert_eq!(checkpoint_key(u64::MAX), "ckpt/18446744073709551615");
+        assert!(checkpoint_key(9) < checkpoint_key(10));
+        assert_eq!(id_from_key(&checkpoint_key(u64::MAX)), Some(u64::MAX));
+        assert_eq!(id_from_key("ckpt/7"), None);
+        assert_eq!(id_from_key("ckpt/0000000000000000000x"), None);
+    }
+
+    #[test]
+    fn pending_then_committed_round_trip() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = CheckpointStore::open(dir.path(), 3).unwrap();
+        assert_eq!(store.dir(), dir.path());
+        assert!(
+            dir.path().join("db").is_file(),
+            "sled keeps its data in <dir>/db"
+        );
+        assert_eq!(store.load().unwrap(), Loaded::default());
+
+        // The state passed in does not matter: the call decides it.
+        store.write_pending(&checkpoint(1, Committed)).unwrap();
+        assert_eq!(ids(&store), vec![(1, Pending)]);
+        store.mark_committed(1).unwrap();
+        let loaded = store.load().unwrap();
+        assert_eq!(loaded.checkpoints, vec![checkpoint(1, Committed)]);
+
+        // Idempotent.
+        store.mark_committed(1).unwrap();
+        assert_eq!(ids(&store), vec![(1, Committed)]);
+
+        let err = store.mark_committed(2).unwrap_err();
+        assert!(matches!(err, StoreError::NotFound { id: 2, .. }), "{err}");
+        let err = store.write_pending(&checkpoint(1, Pending)).unwrap_err();
+        assert!(
+            matches!(err, StoreError::AlreadyCommitted { id: 1, .. }),
+            "{err}"
+        );
+
+        store.put_committed(&checkpoint(2, Pending)).unwrap();
+        assert_eq!(ids(&store), vec![(1, Committed), (2, Committed)]);
+    }
+
+    #[test]
+    fn retention_keeps_exactly_retain_committed_and_every_savepoint() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = CheckpointStore::open(dir.path(), 2).unwrap();
+        for id in 1..=6 {
+            let mut c = checkpoint(id, Pending);
+            if id == 2 {
+                c.savepoint = Some("sp".into());
+            }
+            store.write_pending(&c).unwrap();
+            store.mark_committed(id).unwrap();
+        }
+        assert_eq!(
+            ids(&store),
+            vec![(2, Committed), (5, Committed), (6, Committed)]
+        );
+
+        // put_committed prunes too, and stale pending checkpoints go with the next commit.
+        store.write_pending(&checkpoint(7, Pending)).unwrap();
+        store.write_pending(&checkpoint(9, Pending)).unwrap();
+        store.put_committed(&checkpoint(8, Committed)).unwrap();
+        assert_eq!(
+            ids(&store),
+            vec![(2, Committed), (6, Committed), (8, Committed), (9, Pending)]
+        );
+        let sp = store.load().unwrap().checkpoints[0].clone();
+        assert_eq!(sp.savepoint.as_deref(), Some("sp"));
+    }
+
+    #[test]
+    fn retention_of_zero_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let err = CheckpointStore::open(dir.path(), 0).err().unwrap();
+        assert!(
+            matches!(err, StoreError::InvalidRetain { retain: 0 }),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn discard_drops_only_pending_checkpoints() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = CheckpointStore::open(dir.path(), 3).unwrap();
+        store.put_committed(&checkpoint(1, Committed)).unwrap();
+        store.write_pending(&checkpoint(2, Pending)).unwrap();
+        store.discard(2).unwrap();
+        assert_eq!(ids(&store), vec![(1, Committed)]);
+        // Repeating a discard is harmless.
+        store.discard(2).unwrap();
+        let err = store.discard(1).unwrap_err();
+        assert!(
+            matches!(err, StoreError::AlreadyCommitted { id: 1, .. }),
+            "{err}"
+        );
+        assert_eq!(ids(&store), vec![(1, Committed)]);
+    }
+
+    #[test]
+    fn reopen_after_drop_sees_everything() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("state").join("instance-1");
+        {
+            let store = CheckpointStore::open(&path, 5).unwrap();
+            for id in 1..=3 {
+                store.write_pending(&checkpoint(id, Pending)).unwrap();
+                store.mark_committed(id).unwrap();
+            }
+            let mut sp = checkpoint(4, Committed);
+            sp.savepoint = Some("keep".into());
+            store.put_committed(&sp).unwrap();
+            store.write_pending(&checkpoint(5, Pending)).unwrap();
+        }
+        let store = CheckpointStore::open(&path, 5).unwrap();
+        assert_eq!(
+            ids(&store),
+            vec![
+                (1, Committed),
+                (2, Committed),
+                (3, Committed),
+                (4, Committed),
+                (5, Pending)
+            ]
+        );
+        assert_eq!(
+            store.load().unwrap().checkpoints[3].savepoint.as_deref(),
+            Some("keep")
+        );
+    }
+
+    #[test]
+    fn second_open_of_a_locked_directory_fails_clearly() {
+        let dir = tempfile::tempdir().unwrap();
+        let _first = CheckpointStore::open(dir.path(), 3).unwrap();
+        let err = CheckpointStore::open(dir.path(), 3).err().unwrap();
+        assert!(matches!(err, StoreError::Locked { .. }), "{err:?}");
+        let text = err.to_string();
+        assert!(text.contains(&dir.path().display().to_string()), "{text}");
+        assert!(text.contains("another eos-bridge process"), "{text}");
+    }
+
+    #[test]
+    fn load_reports_a_corrupt_entry_and_returns_the_others() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().to_path_buf();
+        {
+            let store = CheckpointStore::open(&path, 5).unwrap();
+            assert_eq!(store.corrupt_newest_for_tests().unwrap(), None);
+            for id in 1..=3 {
+                store.put_committed(&checkpoint(id, Committed)).unwrap();
+            }
+            assert_eq!(store.corrupt_newest_for_tests().unwrap(), Some(3));
+        }
+        // The damage is durable, and survives a reopen.
+        let store = CheckpointStore::open(&path, 5).unwrap();
+        let loaded = store.load().unwrap();
+        assert_eq!(
+            loaded.checkpoints.iter().map(|c| c.id).collect::<Vec<_>>(),
+            vec![1, 2]
+        );
+        assert_eq!(loaded.corrupt.len(), 1);
+        let bad = &loaded.corrupt[0];
+        assert_eq!(bad.key, "ckpt/00000000000000000003");
+        assert_eq!(bad.id, Some(3));
+        assert!(bad.reason.contains("checksum"), "{}", bad.reason);
+
+        // Operations on the corrupt id say so; a valid key cannot be removed as corrupt.
+        let err = store.mark_committed(3).unwrap_err();
+        assert!(matches!(err, StoreError::Corrupt { .. }), "{err}");
+        let err = store.remove_key(&checkpoint_key(2)).unwrap_err();
+        assert!(matches!(err, StoreError::NotCorrupt { .. }), "{err}");
+
+        store.remove_key(&bad.key).unwrap();
+        assert_eq!(ids(&store), vec![(1, Committed), (2, Committed)]);
+        store.remove_key(&bad.key).unwrap();
+    }
+
+    #[test]
+    fn load_reports_foreign_keys_under_the_prefix() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = CheckpointStore::open(dir.path(), 3).unwrap();
+        store.put_committed(&checkpoint(1, Committed)).unwrap();
+        // A record stored under the wrong id, and a key this module never writes.
+        store
+            .db
+            .insert(
+                checkpoint_key(5).as_bytes(),
+                encode(&checkpoint(6, Committed)),
+            )
+            .unwrap();
+        store
+            .db
+            .insert("ckpt/7", encode(&checkpoint(7, Committed)))
+            .unwrap();
+        let loaded = store.load().unwrap();
+        assert_eq!(loaded.checkpoints, vec![checkpoint(1, Committed)]);
+        assert_eq!(loaded.corrupt.len(), 2);
+        assert_eq!(loaded.corrupt[0].id, Some(5));
+        assert!(loaded.corrupt[0].reason.contains("holds checkpoint 6"));
+        assert_eq!(loaded.corrupt[1].key, "ckpt/7");
+        assert_eq!(loaded.corrupt[1].id, None);
+    }
+
+    #[test]
+    fn large_checkpoints_that_sled_stores_as_blobs_survive_reopen() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut big = checkpoint(1, Committed);
+        for p in 0..20_000 {
+            big.positions
+                .set("a-rather-long-topic-name", p, i64::MAX - p as i64);
+        }
+        {
+            let store = CheckpointStore::open(dir.path(), 2).unwrap();
+            store.put_committed(&big).unwrap();
+        }
+        assert!(
+            fs::read_dir(dir.path().join("blobs")).unwrap().count() > 0,
+            "expected sled to store this value as a blob"
+        );
+        let store = CheckpointStore::open(dir.path(), 2).unwrap();
+        assert_eq!(store.load().unwrap().checkpoints, vec![big]);
+    }
+
+    fn arb_checkpoint() -> impl Strategy<Value = Checkpoint> {
+        let positions = prop::collection::vec((any::<String>(), any::<i32>(), any::<i64>()), 0..12)
+            .prop_map(|v| v.into_iter().collect::<Positions>());
+        let state = prop_oneof![Just(Pending), Just(Committed)];
+        (
+            any::<u64>(),
+            any::<String>(),
+            any::<u32>(),
+            any::<u32>(),
+            state,
+            positions,
+            any::<i64>(),
+            any::<Option<String>>(),
+        )
+            .prop_map(
+                |(id, bridge_id, instance, instances, state, positions, created_ms, savepoint)| {
+                    Checkpoint {
+                        id,
+                        bridge_id,
+                        instance,
+                        instances,
+                        state,
+                        positions,
+                        created_ms,
+                        savepoint,
+                    }
+                },
+            )
+    }
+
+    proptest! {
+        #[test]
+        fn prop_round_trip(c in arb_checkpoint()) {
+            prop_assert_eq!(decode(&encode(&c)).unwrap(), c);
+        }
+
+        #[test]
+        fn prop_any_single_byte_flip_is_rejected(
+            c in arb_checkpoint(),
+            at in any::<prop::sample::Index>(),
+            mask in 1u8..=255,
+        ) {
+            let mut bytes = encode(&c);
+            let i = at.index(bytes.len());
+            bytes[i] ^= mask;
+            prop_assert!(decode(&bytes).is_err());
+        }
+
+        #[test]
+        fn prop_any_truncation_is_rejected(c in arb_checkpoint(), at in any::<prop::sample::Index>()) {
+            let bytes = encode(&c);
+            let len = at.index(bytes.len());
+            prop_assert!(decode(&bytes[..len]).is_err());
+        }
+    }
+}

@@ -1,0 +1,135 @@
+//! The daemon's frame: the async runtime (API and signals), the pipeline's own thread, the one
+//! shutdown token, and the drain deadline.
+//!
+//! The first SIGTERM or SIGINT cancels the token: the pipeline ends its epoch with a final
+//! checkpoint and commit. If that takes longer than `shutdown.timeout`, or a second signal
+//! arrives, the process exits at once; recovery makes that safe.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::oneshot;
+use tokio_util::sync::CancellationToken;
+use tracing::{error, info, warn};
+
+use crate::api::{self, ApiState};
+use crate::config::Config;
+use crate::error::{BridgeError, Result};
+use crate::metrics::Metrics;
+use crate::pipeline::{self, Shared};
+use crate::status::Status;
+
+pub fn run(cfg: Arc<Config>) -> Result<()> {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .thread_name("eos-bridge-rt")
+        .enable_all()
+        .build()
+        .map_err(|e| BridgeError::Setup(format!("cannot start the async runtime: {e}")))?;
+    let result = runtime.block_on(serve(cfg));
+    // The pipeline thread may still hold blocking calls after a forced exit; do not wait on them.
+    runtime.shutdown_timeout(Duration::from_millis(100));
+    result
+}
+
+async fn serve(cfg: Arc<Config>) -> Result<()> {
+    let metrics = Arc::new(Metrics::new());
+    let status = Status::new(
+        &cfg.bridge.id,
+        cfg.bridge.instance,
+        cfg.bridge.instances,
+        cfg.bridge.delivery.as_str(),
+    )
+    .shared();
+    let shutdown = CancellationToken::new();
+
+    let listener = tokio::net::TcpListener::bind(cfg.api.listen)
+        .await
+        .map_err(|e| {
+            BridgeError::Setup(format!(
+                "api.listen: cannot listen on {}: {e}; choose a free address in [api] listen",
+                cfg.api.listen
+            ))
+        })?;
+    info!(listen = %cfg.api.listen, "HTTP API listening");
+    let app = api::router(ApiState {
+        metrics: metrics.clone(),
+        status: status.clone(),
+        ready_max_age: cfg.ready_max_age(),
+        live_max_silence: cfg.checkpoint.interval
+            + cfg.checkpoint.timeout
+            + Duration::from_secs(60),
+    });
+    let api_shutdown = shutdown.clone();
+    tokio::spawn(async move {
+        let served = axum::serve(listener, app)
+            .with_graceful_shutdown(async move { api_shutdown.cancelled().await })
+            .await;
+        if let Err(e) = served {
+            error!(error = %e, "HTTP API stopped");
+        }
+    });
+
+    tokio::spawn(watch_signals(shutdown.clone()));
+
+    let (done_tx, done_rx) = oneshot::channel();
+    let shared = Shared {
+        metrics,
+        status,
+        shutdown: shutdown.clone(),
+        runtime: tokio::runtime::Handle::current(),
+    };
+    let pipeline_cfg = cfg.clone();
+    std::thread::Builder::new()
+        .name("eos-bridge-pipeline".into())
+        .spawn(move || {
+            let r = pipeline::run(pipeline_cfg, shared);
+            let _ = done_tx.send(r);
+        })
+        .map_err(|e| BridgeError::Setup(format!("cannot start the pipeline thread: {e}")))?;
+
+    let mut done_rx = done_rx;
+    tokio::select! {
+        r = &mut done_rx => return flatten(r),
+        _ = shutdown.cancelled() => {}
+    }
+    let drain = cfg.shutdown.timeout;
+    info!(timeout = ?drain, "shutdown requested: finishing the current checkpoint");
+    match tokio::time::timeout(drain, done_rx).await {
+        Ok(r) => flatten(r),
+        Err(_) => Err(BridgeError::Setup(format!(
+            "the final checkpoint did not finish within shutdown.timeout ({drain:?}); exiting anyway: nothing is \
+             lost, the next start recovers from the last committed checkpoint"
+        ))),
+    }
+}
+
+fn flatten(r: std::result::Result<Result<()>, oneshot::error::RecvError>) -> Result<()> {
+    r.unwrap_or_else(|_| {
+        Err(BridgeError::Setup(
+            "the pipeline thread ended without a result".into(),
+        ))
+    })
+}
+
+async fn watch_signals(shutdown: CancellationToken) {
+    use tokio::signal::unix::{signal, SignalKind};
+    let (Ok(mut term), Ok(mut int)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) else {
+        error!("cannot install signal handlers; SIGTERM will kill the process without a final checkpoint");
+        return;
+    };
+    tokio::select! {
+        _ = term.recv() => info!(signal = "SIGTERM", "stopping gracefully"),
+        _ = int.recv() => info!(signal = "SIGINT", "stopping gracefully"),
+    }
+    shutdown.cancel();
+    tokio::select! {
+        _ = term.recv() => {},
+        _ = int.recv() => {},
+    }
+    warn!("second signal: exiting at once");
+    std::process::exit(130);
+}

@@ -1,0 +1,277 @@
+//! The library's error type and its classification.
+//!
+//! Every error the pipeline meets is sorted into one of four actions: retry the call, abort the
+//! transaction and replay the epoch, rebuild the producer and recover in-process, or stop the
+//! daemon. The classification lives here, next to the errors, so the pipeline's loop only has to
+//! follow it.
+
+use std::time::Duration;
+
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use thiserror::Error;
+
+use crate::checkpoint::StoreError;
+use crate::config::ConfigErrors;
+use crate::recovery::RecoveryError;
+
+/// What the pipeline does about an error.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Action {
+    /// Call again after a backoff; the transaction stays open.
+    Retry,
+    /// Abort the transaction, rewind the source to the last checkpoint, replay the epoch.
+    Abort,
+    /// Drop the producer, build a new one (init_transactions fences and finishes the old
+    /// transaction), read the newest committed marker, resume from there.
+    Rebuild,
+    /// Stop the daemon with a non-zero exit.
+    Stop,
+}
+
+#[derive(Debug, Error)]
+pub enum BridgeError {
+    #[error("invalid configuration:\n{0}")]
+    Config(#[from] ConfigErrors),
+
+    #[error("kafka {op} failed: {source}")]
+    Kafka {
+        op: &'static str,
+        #[source]
+        source: KafkaError,
+    },
+
+    #[error(
+        "fenced: another eos-bridge process with transactional id '{transactional_id}' started and took over \
+         (same bridge.id and bridge.instance). This process stops so that only one writes; make sure each \
+         instance runs once (check for a second pod or a leftover process), then restart"
+    )]
+    Fenced { transactional_id: String },
+
+    #[error(
+        "not authorized: {op} failed with {code:?}. Grant the bridge's principal the ACLs it needs \
+         (transactional id Write/Describe, sink topics Write, marker topic Read/Write, source topics Read)"
+    )]
+    Unauthorized {
+        op: &'static str,
+        code: RDKafkaErrorCode,
+    },
+
+    #[error(transparent)]
+    Store(#[from] StoreError),
+
+    #[error(transparent)]
+    Recovery(#[from] RecoveryError),
+
+    #[error(
+        "record {topic}/{partition}@{offset} can never be written to the sink: {reason}. It failed {attempts} \
+         epochs in a row; the bridge stops rather than loop. Fix the sink (e.g. raise max.message.bytes of the \
+         sink topic and message.max.bytes in [sink.kafka]) or skip the record by moving the position past it with \
+         a savepoint"
+    )]
+    PoisonRecord {
+        topic: String,
+        partition: i32,
+        offset: i64,
+        reason: String,
+        attempts: u32,
+    },
+
+    #[error("delivery of {topic}/{partition}@{offset} failed: {reason}")]
+    Delivery {
+        topic: String,
+        partition: i32,
+        offset: i64,
+        reason: String,
+        code: Option<RDKafkaErrorCode>,
+    },
+
+    #[error(
+        "source position {topic}/{partition}@{position} is no longer on the broker (earliest is {earliest}): \
+         {lost} records were deleted by retention before they were read. Set \
+         source.on_offset_out_of_range = \"earliest\" to continue from the earliest record and count the loss"
+    )]
+    OffsetOutOfRange {
+        topic: String,
+        partition: i32,
+        position: i64,
+        earliest: i64,
+        lost: i64,
+    },
+
+    #[error(
+        "checkpoint {id} did not complete within checkpoint.timeout ({timeout:?}) at step '{step}'"
+    )]
+    CheckpointTimeout {
+        id: u64,
+        step: &'static str,
+        timeout: Duration,
+    },
+
+    #[error("{0}")]
+    Setup(String),
+}
+
+pub type Result<T, E = BridgeError> = std::result::Result<T, E>;
+
+impl BridgeError {
+    pub fn kafka(op: &'static str, source: KafkaError) -> Self {
+        BridgeError::Kafka { op, source }
+    }
+
+    /// The action this error calls for. Transaction errors carry librdkafka's own flags; an error
+    /// with none of them set is treated as fatal, as librdkafka documents.
+    pub fn action(&self) -> Action {
+        match self {
+            BridgeError::Kafka { source, .. } => classify_kafka(source),
+            BridgeError::Delivery { code, .. } => match code {
+                Some(c) if is_auth(*c) => Action::Stop,
+                Some(c) if is_fencing(*c) => Action::Rebuild,
+                _ => Action::Abort,
+            },
+            BridgeError::CheckpointTimeout { .. } => Action::Abort,
+            BridgeError::Fenced { .. }
+            | BridgeError::Unauthorized { .. }
+            | BridgeError::Config(_)
+            | BridgeError::Store(_)
+            | BridgeError::Recovery(_)
+            | BridgeError::PoisonRecord { .. }
+            | BridgeError::OffsetOutOfRange { .. }
+            | BridgeError::Setup(_) => Action::Stop,
+        }
+    }
+
+    /// A short label for metrics and logs.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            BridgeError::Kafka { .. } => "kafka_error",
+            BridgeError::Delivery { .. } => "delivery_error",
+            BridgeError::CheckpointTimeout { .. } => "checkpoint_timeout",
+            BridgeError::Fenced { .. } => "fenced",
+            BridgeError::Unauthorized { .. } => "unauthorized",
+            BridgeError::Store(_) => "state_store",
+            BridgeError::Recovery(_) => "recovery",
+            BridgeError::PoisonRecord { .. } => "poison_record",
+            BridgeError::OffsetOutOfRange { .. } => "offset_out_of_range",
+            BridgeError::Config(_) => "config",
+            BridgeError::Setup(_) => "setup",
+        }
+    }
+
+    /// The broker's error code, where there is one.
+    pub fn code(&self) -> Option<RDKafkaErrorCode> {
+        match self {
+            BridgeError::Kafka { source, .. } => source.rdkafka_error_code(),
+            BridgeError::Delivery { code, .. } => *code,
+            _ => None,
+        }
+    }
+}
+
+fn is_auth(code: RDKafkaErrorCode) -> bool {
+    matches!(
+        code,
+        RDKafkaErrorCode::TransactionalIdAuthorizationFailed
+            | RDKafkaErrorCode::TopicAuthorizationFailed
+            | RDKafkaErrorCode::GroupAuthorizationFailed
+            | RDKafkaErrorCode::ClusterAuthorizationFailed
+            | RDKafkaErrorCode::SaslAuthenticationFailed
+            | RDKafkaErrorCode::Authentication
+    )
+}
+
+/// Codes that mean our producer epoch is no longer current: a newer producer with our
+/// transactional id, or the coordinator bumped the epoch when it timed our transaction out. Which
+/// of the two it was is decided by the caller from the age of the transaction.
+pub fn is_fencing(code: RDKafkaErrorCode) -> bool {
+    matches!(
+        code,
+        RDKafkaErrorCode::Fenced
+            | RDKafkaErrorCode::ProducerFenced
+            | RDKafkaErrorCode::InvalidProducerEpoch
+    )
+}
+
+pub fn classify_kafka(e: &KafkaError) -> Action {
+    match e {
+        KafkaError::Transaction(t) => {
+            if is_auth(t.code()) {
+                Action::Stop
+            } else if t.is_fatal() {
+                Action::Rebuild
+            } else if t.txn_requires_abort() {
+                Action::Abort
+            } else if t.is_retriable() {
+                Action::Retry
+            } else {
+                Action::Rebuild
+            }
+        }
+        // BaseProducer::commit_transaction flushes first; a flush timeout carries no transaction
+        // flag but is retriable (the commit may simply be called again).
+        KafkaError::Flush(RDKafkaErrorCode::OperationTimedOut) => Action::Retry,
+        other => match other.rdkafka_error_code() {
+            Some(c) if is_auth(c) => Action::Stop,
+            Some(c) if is_fencing(c) => Action::Rebuild,
+            _ => Action::Abort,
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn flush_timeout_is_retried() {
+        assert_eq!(
+            classify_kafka(&KafkaError::Flush(RDKafkaErrorCode::OperationTimedOut)),
+            Action::Retry
+        );
+    }
+
+    #[test]
+    fn production_errors_abort_and_auth_errors_stop() {
+        assert_eq!(
+            classify_kafka(&KafkaError::MessageProduction(
+                RDKafkaErrorCode::MessageSizeTooLarge
+            )),
+            Action::Abort
+        );
+        assert_eq!(
+            classify_kafka(&KafkaError::MessageProduction(
+                RDKafkaErrorCode::TopicAuthorizationFailed
+            )),
+            Action::Stop
+        );
+        assert_eq!(
+            classify_kafka(&KafkaError::MessageProduction(
+                RDKafkaErrorCode::ProducerFenced
+            )),
+            Action::Rebuild
+        );
+    }
+
+    #[test]
+    fn fatal_conditions_stop() {
+        let e = BridgeError::Fenced {
+            transactional_id: "x".into(),
+        };
+        assert_eq!(e.action(), Action::Stop);
+        assert!(e.to_string().contains("another eos-bridge process"));
+        let e = BridgeError::OffsetOutOfRange {
+            topic: "t".into(),
+            partition: 1,
+            position: 5,
+            earliest: 9,
+            lost: 4,
+        };
+        assert_eq!(e.action(), Action::Stop);
+        assert!(e.to_string().contains("on_offset_out_of_range"), "{e}");
+        let e = BridgeError::CheckpointTimeout {
+            id: 3,
+            step: "flush",
+            timeout: Duration::from_secs(1),
+        };
+        assert_eq!(e.action(), Action::Abort);
+    }
+}

@@ -1,0 +1,44 @@
+//! Failpoints: a crash at a named step of the checkpoint protocol, compiled only with the
+//! `failpoints` feature (tests), so that every step's recovery can be tested deterministically.
+//!
+//! `EOS_BRIDGE_FAILPOINT=NAME` kills the process with SIGKILL (exactly what kill -9 does: no
+//! destructor, no flush) the `EOS_BRIDGE_FAILPOINT_HIT`-th time (default 1) the step is reached.
+
+/// The protocol steps a failpoint can name, in protocol order.
+pub const STEPS: [&str; 6] = [
+    "after-produce",
+    "after-marker",
+    "after-flush",
+    "after-precommit",
+    "after-commit",
+    "after-mark-committed",
+];
+
+#[cfg(feature = "failpoints")]
+pub fn hit(step: &'static str) {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::sync::OnceLock;
+    static ARMED: OnceLock<Option<(String, u64)>> = OnceLock::new();
+    static COUNT: AtomicU64 = AtomicU64::new(0);
+    let armed = ARMED.get_or_init(|| {
+        let name = std::env::var("EOS_BRIDGE_FAILPOINT").ok()?;
+        let nth = std::env::var("EOS_BRIDGE_FAILPOINT_HIT")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(1);
+        Some((name, nth))
+    });
+    if let Some((name, nth)) = armed {
+        if name == step && COUNT.fetch_add(1, Ordering::SeqCst) + 1 == *nth {
+            eprintln!("eos-bridge: failpoint '{step}' reached: killing this process");
+            // SAFETY: sending a signal to our own pid has no memory-safety preconditions.
+            unsafe {
+                libc::kill(libc::getpid(), libc::SIGKILL);
+            }
+        }
+    }
+}
+
+#[cfg(not(feature = "failpoints"))]
+#[inline(always)]
+pub fn hit(_step: &'static str) {}

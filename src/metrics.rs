@@ -1,0 +1,230 @@
+//! Every Prometheus metric of eos-bridge, defined in one place, on one registry of our own.
+//!
+//! Other modules take a `&Metrics` (or an `Arc`) and update the handles; nothing registers a
+//! metric anywhere else, so /metrics, the dashboard and the alert rules have one list to agree on.
+
+use prometheus::{
+    Encoder, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts,
+    Registry, TextEncoder,
+};
+
+pub struct Metrics {
+    pub registry: Registry,
+    pub records_consumed: IntCounterVec,
+    pub records_produced: IntCounterVec,
+    pub checkpoints: IntCounterVec,
+    pub checkpoint_duration: Histogram,
+    pub last_checkpoint_id: IntGauge,
+    pub last_checkpoint_timestamp: IntGauge,
+    pub commit_duration: Histogram,
+    pub transactions_aborted: IntCounterVec,
+    pub consumer_lag: IntGaugeVec,
+    pub end_to_end_latency: Histogram,
+    pub recoveries: IntCounterVec,
+    pub producer_rebuilds: IntCounter,
+    pub dead_lettered: IntCounter,
+    pub records_lost: IntCounterVec,
+    pub corrupt_checkpoints: IntCounter,
+    pub build_info: IntGaugeVec,
+}
+
+const PREFIX: &str = "eos_bridge";
+
+fn opts(name: &str, help: &str) -> Opts {
+    Opts::new(name, help).namespace(PREFIX)
+}
+
+fn hopts(name: &str, help: &str, buckets: Vec<f64>) -> HistogramOpts {
+    HistogramOpts::new(name, help)
+        .namespace(PREFIX)
+        .buckets(buckets)
+}
+
+impl Metrics {
+    pub fn new() -> Metrics {
+        let registry = Registry::new();
+        // Checkpoints and commits take from a millisecond (idle) to the checkpoint timeout
+        // (tens of seconds); end-to-end latency is dominated by the checkpoint interval.
+        let short = vec![
+            0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+            60.0,
+        ];
+        let e2e = vec![
+            0.005, 0.01, 0.025, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 300.0,
+        ];
+        let m = Metrics {
+            records_consumed: IntCounterVec::new(
+                opts(
+                    "records_consumed_total",
+                    "Records read from the source, per source topic.",
+                ),
+                &["topic"],
+            )
+            .unwrap(),
+            records_produced: IntCounterVec::new(
+                opts(
+                    "records_produced_total",
+                    "Records written to the sink in committed checkpoints, per sink topic.",
+                ),
+                &["topic"],
+            )
+            .unwrap(),
+            checkpoints: IntCounterVec::new(
+                opts(
+                    "checkpoints_total",
+                    "Checkpoints by result (completed, aborted, failed).",
+                ),
+                &["result"],
+            )
+            .unwrap(),
+            checkpoint_duration: Histogram::with_opts(hopts(
+                "checkpoint_duration_seconds",
+                "Time from the barrier to the checkpoint being committed and recorded.",
+                short.clone(),
+            ))
+            .unwrap(),
+            last_checkpoint_id: IntGauge::with_opts(opts(
+                "last_checkpoint_id",
+                "Id of the last completed checkpoint.",
+            ))
+            .unwrap(),
+            last_checkpoint_timestamp: IntGauge::with_opts(opts(
+                "last_checkpoint_timestamp_seconds",
+                "Unix time of the last completed checkpoint.",
+            ))
+            .unwrap(),
+            commit_duration: Histogram::with_opts(hopts(
+                "transaction_commit_duration_seconds",
+                "Duration of commit_transaction.",
+                short,
+            ))
+            .unwrap(),
+            transactions_aborted: IntCounterVec::new(
+                opts(
+                    "transactions_aborted_total",
+                    "Transactions aborted, by reason.",
+                ),
+                &["reason"],
+            )
+            .unwrap(),
+            consumer_lag: IntGaugeVec::new(
+                opts(
+                    "consumer_lag",
+                    "Records between the committed position and the source's last stable offset.",
+                ),
+                &["topic", "partition"],
+            )
+            .unwrap(),
+            end_to_end_latency: Histogram::with_opts(hopts(
+                "end_to_end_latency_seconds",
+                "From a record's source timestamp to the commit that made its results visible.",
+                e2e,
+            ))
+            .unwrap(),
+            recoveries: IntCounterVec::new(
+                opts(
+                    "recoveries_total",
+                    "Recoveries by outcome (fresh, committed, rolled_back, adopted_from_marker).",
+                ),
+                &["outcome"],
+            )
+            .unwrap(),
+            producer_rebuilds: IntCounter::with_opts(opts(
+                "producer_rebuilds_total",
+                "Transactional producers rebuilt after a fatal producer error.",
+            ))
+            .unwrap(),
+            dead_lettered: IntCounter::with_opts(opts(
+                "dead_lettered_records_total",
+                "Records routed to a dead-letter topic.",
+            ))
+            .unwrap(),
+            records_lost: IntCounterVec::new(
+                opts(
+                    "records_lost_to_retention_total",
+                    "Source records deleted by retention before they were read.",
+                ),
+                &["topic", "partition"],
+            )
+            .unwrap(),
+            corrupt_checkpoints: IntCounter::with_opts(opts(
+                "corrupt_checkpoints_total",
+                "Stored checkpoints that failed to decode or their checksum, skipped at recovery.",
+            ))
+            .unwrap(),
+            build_info: IntGaugeVec::new(
+                opts("build_info", "Always 1; labels name the build."),
+                &["version"],
+            )
+            .unwrap(),
+            registry,
+        };
+        m.register_all();
+        m.build_info
+            .with_label_values(&[env!("CARGO_PKG_VERSION")])
+            .set(1);
+        m
+    }
+
+    fn register_all(&self) {
+        let r = &self.registry;
+        let all: Vec<Box<dyn prometheus::core::Collector>> = vec![
+            Box::new(self.records_consumed.clone()),
+            Box::new(self.records_produced.clone()),
+            Box::new(self.checkpoints.clone()),
+            Box::new(self.checkpoint_duration.clone()),
+            Box::new(self.last_checkpoint_id.clone()),
+            Box::new(self.last_checkpoint_timestamp.clone()),
+            Box::new(self.commit_duration.clone()),
+            Box::new(self.transactions_aborted.clone()),
+            Box::new(self.consumer_lag.clone()),
+            Box::new(self.end_to_end_latency.clone()),
+            Box::new(self.recoveries.clone()),
+            Box::new(self.producer_rebuilds.clone()),
+            Box::new(self.dead_lettered.clone()),
+            Box::new(self.records_lost.clone()),
+            Box::new(self.corrupt_checkpoints.clone()),
+            Box::new(self.build_info.clone()),
+            Box::new(prometheus::process_collector::ProcessCollector::for_self()),
+        ];
+        for c in all {
+            r.register(c).expect("metric names are unique");
+        }
+    }
+
+    /// The registry in Prometheus text format, with its content type.
+    pub fn render(&self) -> (String, Vec<u8>) {
+        let encoder = TextEncoder::new();
+        let mut buf = Vec::new();
+        encoder
+            .encode(&self.registry.gather(), &mut buf)
+            .expect("text encoding of gathered metrics");
+        (encoder.format_type().to_string(), buf)
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn renders_prefixed_names_and_build_info() {
+        let m = Metrics::new();
+        m.checkpoints.with_label_values(&["completed"]).inc();
+        let (ctype, body) = m.render();
+        let text = String::from_utf8(body).unwrap();
+        assert!(ctype.starts_with("text/plain"), "{ctype}");
+        assert!(
+            text.contains("eos_bridge_checkpoints_total{result=\"completed\"} 1"),
+            "{text}"
+        );
+        assert!(text.contains("eos_bridge_build_info{version=\""));
+        assert!(text.contains("process_resident_memory_bytes"));
+    }
+}

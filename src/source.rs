@@ -1,0 +1,254 @@
+//! The source side: an rdkafka consumer that is assigned partitions (never balanced by a consumer
+//! group), reads them read_committed from positions the pipeline gives it, rewinds on demand, and
+//! discovers partitions and topics as they appear.
+//!
+//! Which partitions an instance owns follows from the topic name, the partition number and
+//! `instance` of `instances` alone, so it is stable across restarts and unaffected by other topics.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Mutex;
+use std::time::Duration;
+
+use rdkafka::config::ClientConfig;
+use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext};
+use rdkafka::error::KafkaResult;
+use rdkafka::message::BorrowedMessage;
+use rdkafka::statistics::Statistics;
+use rdkafka::{ClientContext, Offset, TopicPartitionList};
+use regex::Regex;
+
+use crate::config::{Config, StartPosition};
+use crate::error::{BridgeError, Result};
+use crate::positions::Positions;
+
+const METADATA_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Whether `instance` of `instances` owns a partition.
+pub fn owns(instance: u32, instances: u32, topic: &str, partition: i32) -> bool {
+    let spread = murmur2::murmur2(topic.as_bytes(), murmur2::KAFKA_SEED) as u64;
+    ((spread + partition as u64) % instances.max(1) as u64) as u32 == instance
+}
+
+/// Keeps the last stable offset of every partition from librdkafka's periodic statistics, so
+/// that lag is known without a round trip to the broker.
+#[derive(Default)]
+pub struct SourceContext {
+    last_stable: Mutex<HashMap<(String, i32), i64>>,
+}
+
+impl ClientContext for SourceContext {
+    fn stats(&self, statistics: Statistics) {
+        let mut map = self.last_stable.lock().unwrap_or_else(|p| p.into_inner());
+        for (topic, t) in statistics.topics {
+            for (partition, p) in t.partitions {
+                if partition >= 0 && p.ls_offset >= 0 {
+                    map.insert((topic.clone(), partition), p.ls_offset);
+                }
+            }
+        }
+    }
+}
+
+impl ConsumerContext for SourceContext {}
+
+enum Selector {
+    List(Vec<String>),
+    Pattern(Regex),
+}
+
+pub struct Source {
+    consumer: BaseConsumer<SourceContext>,
+    selector: Selector,
+    instance: u32,
+    instances: u32,
+}
+
+impl Source {
+    pub fn new(cfg: &Config) -> Result<Source> {
+        let mut cc = ClientConfig::new();
+        for (k, v) in cfg.source.kafka.iter() {
+            cc.set(k, v);
+        }
+        cc.set("bootstrap.servers", &cfg.source.bootstrap_servers)
+            // Used only for the optional monitoring commit; positions live in our checkpoints.
+            .set("group.id", format!("eos-bridge.{}", cfg.bridge.id))
+            .set("enable.auto.commit", "false")
+            .set("enable.auto.offset.store", "false")
+            // Aborted source transactions must never be bridged.
+            .set("isolation.level", "read_committed")
+            // An out-of-range position is an error we handle (fail or count the loss), never a
+            // silent reset.
+            .set("auto.offset.reset", "error")
+            .set("enable.partition.eof", "false")
+            .set("statistics.interval.ms", "2000");
+        let consumer: BaseConsumer<SourceContext> = cc
+            .create_with_context(SourceContext::default())
+            .map_err(|e| BridgeError::kafka("create source consumer", e))?;
+        let selector = match &cfg.source.topic_pattern {
+            Some(p) => Selector::Pattern(
+                Regex::new(&format!("^(?:{p})$"))
+                    .map_err(|e| BridgeError::Setup(format!("source.topic_pattern: {e}")))?,
+            ),
+            None => Selector::List(cfg.source.topics.clone()),
+        };
+        Ok(Source {
+            consumer,
+            selector,
+            instance: cfg.bridge.instance,
+            instances: cfg.bridge.instances,
+        })
+    }
+
+    /// Source topics that exist now, with their partition counts. Listed topics that do not exist
+    /// are an error naming them; a pattern may match nothing yet.
+    pub fn discover(&self) -> Result<BTreeMap<String, i32>> {
+        let md = self
+            .consumer
+            .fetch_metadata(None, METADATA_TIMEOUT)
+            .map_err(|e| BridgeError::kafka("fetch source metadata", e))?;
+        let mut found = BTreeMap::new();
+        for t in md.topics() {
+            let wanted = match &self.selector {
+                Selector::List(list) => list.iter().any(|l| l == t.name()),
+                Selector::Pattern(re) => !t.name().starts_with("__") && re.is_match(t.name()),
+            };
+            if wanted && t.error().is_none() && !t.partitions().is_empty() {
+                found.insert(t.name().to_string(), t.partitions().len() as i32);
+            }
+        }
+        if let Selector::List(list) = &self.selector {
+            let missing: Vec<&str> = list
+                .iter()
+                .filter(|t| !found.contains_key(*t))
+                .map(String::as_str)
+                .collect();
+            if !missing.is_empty() {
+                return Err(BridgeError::Setup(format!(
+                    "source.topics: topic(s) {missing:?} do not exist on the source cluster; create them or fix \
+                     source.topics"
+                )));
+            }
+        }
+        Ok(found)
+    }
+
+    /// The (topic, partition) pairs this instance owns among the discovered ones.
+    pub fn owned(&self, topics: &BTreeMap<String, i32>) -> Vec<(String, i32)> {
+        topics
+            .iter()
+            .flat_map(|(t, n)| (0..*n).map(move |p| (t.clone(), p)))
+            .filter(|(t, p)| owns(self.instance, self.instances, t, *p))
+            .collect()
+    }
+
+    /// (earliest, last stable) offsets of a partition, asked of the broker.
+    pub fn watermarks(&self, topic: &str, partition: i32) -> Result<(i64, i64)> {
+        self.consumer
+            .fetch_watermarks(topic, partition, METADATA_TIMEOUT)
+            .map_err(|e| BridgeError::kafka("fetch source watermarks", e))
+    }
+
+    /// The last stable offset from the latest statistics: no network round trip.
+    pub fn cached_high_watermark(&self, topic: &str, partition: i32) -> Option<i64> {
+        let map = self
+            .consumer
+            .context()
+            .last_stable
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        map.get(&(topic.to_string(), partition)).copied()
+    }
+
+    /// Concrete positions for partitions that have no committed position yet.
+    pub fn resolve(&self, start: StartPosition, parts: &[(String, i32)]) -> Result<Positions> {
+        let mut out = Positions::new();
+        match start {
+            StartPosition::Earliest | StartPosition::Latest => {
+                for (t, p) in parts {
+                    let (lo, hi) = self.watermarks(t, *p)?;
+                    out.set(
+                        t,
+                        *p,
+                        if start == StartPosition::Earliest {
+                            lo
+                        } else {
+                            hi
+                        },
+                    );
+                }
+            }
+            StartPosition::Timestamp(ms) => {
+                let mut tpl = TopicPartitionList::new();
+                for (t, p) in parts {
+                    tpl.add_partition_offset(t, *p, Offset::Offset(ms))
+                        .map_err(|e| BridgeError::kafka("offsets_for_times", e))?;
+                }
+                let found = self
+                    .consumer
+                    .offsets_for_times(tpl, METADATA_TIMEOUT)
+                    .map_err(|e| BridgeError::kafka("offsets_for_times", e))?;
+                for e in found.elements() {
+                    let off = match e.offset() {
+                        Offset::Offset(o) => o,
+                        // No record at or after the timestamp: start at the end.
+                        _ => self.watermarks(e.topic(), e.partition())?.1,
+                    };
+                    out.set(e.topic(), e.partition(), off);
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// Assigns exactly these partitions at these positions; also the way to rewind, since a new
+    /// assignment drops whatever was prefetched.
+    pub fn assign(&self, positions: &Positions) -> Result<()> {
+        let mut tpl = TopicPartitionList::new();
+        for (t, p, o) in positions.iter() {
+            tpl.add_partition_offset(t, p, Offset::Offset(o))
+                .map_err(|e| BridgeError::kafka("assign", e))?;
+        }
+        self.consumer
+            .assign(&tpl)
+            .map_err(|e| BridgeError::kafka("assign", e))
+    }
+
+    pub fn poll(&self, timeout: Duration) -> Option<KafkaResult<BorrowedMessage<'_>>> {
+        self.consumer.poll(timeout)
+    }
+
+    /// Commits positions to the source consumer group for monitoring only (lag tools); never read.
+    pub fn commit_for_monitoring(&self, positions: &Positions) -> Result<()> {
+        let mut tpl = TopicPartitionList::new();
+        for (t, p, o) in positions.iter() {
+            tpl.add_partition_offset(t, p, Offset::Offset(o))
+                .map_err(|e| BridgeError::kafka("commit offsets", e))?;
+        }
+        self.consumer
+            .commit(&tpl, rdkafka::consumer::CommitMode::Async)
+            .map_err(|e| BridgeError::kafka("commit offsets", e))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_partition_has_exactly_one_owner() {
+        for instances in 1..6 {
+            for p in 0..50 {
+                let owners = (0..instances)
+                    .filter(|i| owns(*i, instances, "orders", p))
+                    .count();
+                assert_eq!(owners, 1, "partition {p} of {instances} instances");
+            }
+        }
+    }
+
+    #[test]
+    fn ownership_spreads_partitions() {
+        let mine = (0..60).filter(|p| owns(0, 3, "events", *p)).count();
+        assert_eq!(mine, 20, "consecutive partitions rotate over the instances");
+    }
+}

@@ -1,0 +1,88 @@
+//! What the pipeline tells the outside world: its state, positions, lag and last checkpoint,
+//! shared with the HTTP API. The pipeline writes it at epoch boundaries only; readers never block
+//! the pipeline for longer than a copy.
+
+use std::sync::{Arc, RwLock};
+use std::time::Instant;
+
+use serde::Serialize;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RunState {
+    Starting,
+    Recovering,
+    Running,
+    Draining,
+    Stopped,
+    Failed,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct PartitionStatus {
+    pub topic: String,
+    pub partition: i32,
+    /// Next offset to read, as of the last completed checkpoint.
+    pub position: i64,
+    pub last_stable_offset: Option<i64>,
+    pub lag: Option<i64>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct Status {
+    pub bridge_id: String,
+    pub instance: u32,
+    pub instances: u32,
+    pub delivery: &'static str,
+    pub state: RunState,
+    pub transactions_ready: bool,
+    pub partitions_assigned: bool,
+    pub partitions: Vec<PartitionStatus>,
+    pub last_checkpoint_id: u64,
+    pub last_checkpoint_time_ms: Option<i64>,
+    pub failure: Option<String>,
+    #[serde(skip)]
+    pub last_checkpoint_at: Option<Instant>,
+    #[serde(skip)]
+    pub epoch_started_at: Option<Instant>,
+    /// Updated by every turn of the pipeline's loop: liveness.
+    #[serde(skip)]
+    pub heartbeat: Instant,
+}
+
+pub type SharedStatus = Arc<RwLock<Status>>;
+
+impl Status {
+    pub fn new(bridge_id: &str, instance: u32, instances: u32, delivery: &'static str) -> Status {
+        Status {
+            bridge_id: bridge_id.to_string(),
+            instance,
+            instances,
+            delivery,
+            state: RunState::Starting,
+            transactions_ready: false,
+            partitions_assigned: false,
+            partitions: Vec::new(),
+            last_checkpoint_id: 0,
+            last_checkpoint_time_ms: None,
+            failure: None,
+            last_checkpoint_at: None,
+            epoch_started_at: None,
+            heartbeat: Instant::now(),
+        }
+    }
+
+    pub fn shared(self) -> SharedStatus {
+        Arc::new(RwLock::new(self))
+    }
+}
+
+/// Runs `f` on the status under its write lock (a poisoned lock still holds usable data).
+pub fn update(status: &SharedStatus, f: impl FnOnce(&mut Status)) {
+    let mut guard = status.write().unwrap_or_else(|p| p.into_inner());
+    f(&mut guard);
+}
+
+pub fn snapshot(status: &SharedStatus) -> Status {
+    status.read().unwrap_or_else(|p| p.into_inner()).clone()
+}

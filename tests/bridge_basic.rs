@@ -1,0 +1,108 @@
+//! The bridge end to end on a real broker: sequenced input from Kafka's VerifiableProducer,
+//! output judged by Kafka's console consumer with read_committed, a graceful shutdown that leaves
+//! no transaction open (asked of Kafka's TransactionsCommand), and a clean restart.
+
+mod common;
+
+use std::time::Duration;
+
+use common::bridge::*;
+use common::*;
+
+fn transaction_state(bootstrap: &str, transactional_id: &str) -> String {
+    let out = kafka_tool(
+        "TransactionsCommand",
+        &[
+            "--bootstrap-server",
+            bootstrap,
+            "describe",
+            "--transactional-id",
+            transactional_id,
+        ],
+    );
+    assert!(
+        out.status.success(),
+        "TransactionsCommand describe failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    // Header line, then one row; the state is the column named TransactionState.
+    let mut lines = text.lines().filter(|l| !l.trim().is_empty());
+    let header: Vec<&str> = lines
+        .next()
+        .unwrap_or_default()
+        .split_whitespace()
+        .collect();
+    let row: Vec<&str> = lines
+        .next()
+        .unwrap_or_default()
+        .split_whitespace()
+        .collect();
+    let idx = header
+        .iter()
+        .position(|h| *h == "TransactionState")
+        .unwrap_or_else(|| panic!("no TransactionState column in:\n{text}"));
+    row.get(idx).unwrap_or(&"").to_string()
+}
+
+#[test]
+fn bridges_exactly_once_and_shuts_down_with_no_open_transaction() {
+    let _serial = serial();
+    let b = bootstrap();
+    let input = unique("in");
+    let output = unique("out");
+    create_topic(b, &input, 3);
+    let out = verifiable_produce(b, &input, 3000, -1, None);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let total = end_offsets_total(b, &input);
+    assert_eq!(total, 3000);
+
+    let home = BridgeHome::new(BridgeSpec::new(&input, &output));
+    let mut bridge = home.start(&[]);
+    bridge.wait_committed(total, Duration::from_secs(60));
+
+    // More input while it runs.
+    let out = verifiable_produce(b, &input, 1000, -1, Some(7));
+    assert!(out.status.success());
+    let total = end_offsets_total(b, &input);
+    bridge.wait_committed(total, Duration::from_secs(60));
+
+    // Readiness and metrics reflect the work.
+    let (code, body) = bridge.get("/health/ready").expect("api answers");
+    assert_eq!(code, 200, "ready: {body}");
+    let (_, metrics) = bridge.get("/metrics").unwrap();
+    assert!(
+        metrics.contains("eos_bridge_checkpoints_total{result=\"completed\"}"),
+        "{metrics}"
+    );
+
+    let status = bridge.stop_gracefully(Duration::from_secs(30));
+    assert!(
+        status.success(),
+        "graceful shutdown exits 0: {status}\n{}",
+        bridge.log_text()
+    );
+    let txn_id = format!("eos-bridge-{}-0", home.spec.id);
+    let state = transaction_state(b, &txn_id);
+    assert!(
+        state == "Empty" || state == "CompleteCommit" || state == "CompleteAbort",
+        "no transaction of the bridge may be left open after SIGTERM, found state {state}"
+    );
+
+    let n = assert_exactly_once(b, &input, b, &output);
+    assert_eq!(n, 4000);
+
+    // A restart resumes where it stopped: new input only, nothing twice.
+    let out = verifiable_produce(b, &input, 500, -1, Some(9));
+    assert!(out.status.success());
+    let total = end_offsets_total(b, &input);
+    let mut bridge = home.start(&[]);
+    bridge.wait_committed(total, Duration::from_secs(60));
+    assert!(bridge.stop_gracefully(Duration::from_secs(30)).success());
+    let n = assert_exactly_once(b, &input, b, &output);
+    assert_eq!(n, 4500);
+}
