@@ -622,7 +622,16 @@ impl<'a> Pipeline<'a> {
         m.last_checkpoint_timestamp.set(done_ms / 1000);
         self.committed = current;
         self.last_id = id;
-        self.poison = None;
+        // An epoch that committed without reaching the suspect record proves nothing about it.
+        if let Some((src, _)) = &self.poison {
+            if self
+                .committed
+                .get(&src.topic, src.partition)
+                .is_some_and(|o| o > src.offset)
+            {
+                self.poison = None;
+            }
+        }
         self.publish_positions();
         status::update(&self.shared.status, |s| {
             s.last_checkpoint_id = id;

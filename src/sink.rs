@@ -36,6 +36,18 @@ pub struct DeliveryFailure {
     pub source: SourceRef,
     pub code: Option<RDKafkaErrorCode>,
     pub reason: String,
+    pub payload_len: usize,
+}
+
+fn size_error(code: Option<RDKafkaErrorCode>) -> bool {
+    matches!(
+        code,
+        Some(
+            RDKafkaErrorCode::MessageSizeTooLarge
+                | RDKafkaErrorCode::InvalidMessageSize
+                | RDKafkaErrorCode::MessageBatchTooLarge
+        )
+    )
 }
 
 #[derive(Default)]
@@ -45,9 +57,17 @@ pub struct SinkContext {
 }
 
 impl SinkContext {
+    /// Keeps the first failure, except that for a size error the largest record wins: the broker
+    /// rejects a whole batch for one oversized record, and that record is the one to name.
     fn record_failure(&self, f: DeliveryFailure) {
         let mut slot = self.first_failure.lock().unwrap_or_else(|p| p.into_inner());
-        if slot.is_none() {
+        let replace = match slot.as_ref() {
+            None => true,
+            Some(old) => {
+                size_error(f.code) && size_error(old.code) && f.payload_len > old.payload_len
+            }
+        };
+        if replace {
             *slot = Some(f);
         }
         self.failed.store(true, Ordering::Release);
@@ -70,11 +90,12 @@ impl ProducerContext for SinkContext {
     type DeliveryOpaque = Box<SourceRef>;
 
     fn delivery(&self, result: &DeliveryResult<'_>, source: Self::DeliveryOpaque) {
-        if let Err((e, _)) = result {
+        if let Err((e, msg)) = result {
             self.record_failure(DeliveryFailure {
                 source: *source,
                 code: e.rdkafka_error_code(),
                 reason: e.to_string(),
+                payload_len: msg.payload_len(),
             });
         }
     }
@@ -331,9 +352,26 @@ impl Sink {
                     record = back;
                     self.producer.poll(Duration::from_millis(5));
                 }
-                Err((e, _)) => return Err(self.fenced_or(e, "produce commit marker")),
+                Err((e, _)) => {
+                    // The transaction usually failed earlier, on a record: report that record.
+                    return Err(self
+                        .delivery_failure()
+                        .unwrap_or_else(|| self.fenced_or(e, "produce commit marker")));
+                }
             }
         }
+    }
+
+    /// The first delivery failure since the last look, as an error naming its source record.
+    fn delivery_failure(&self) -> Option<BridgeError> {
+        let f = self.producer.context().take_failure()?;
+        Some(self.classify(BridgeError::Delivery {
+            topic: f.source.topic.to_string(),
+            partition: f.source.partition,
+            offset: f.source.offset,
+            code: f.code,
+            reason: f.reason,
+        }))
     }
 
     /// Waits until every record of the open transaction is acknowledged; any delivery error
@@ -344,14 +382,8 @@ impl Sink {
             TxnState::Ready => Instant::now(),
         };
         let flushed = self.producer.flush(timeout);
-        if let Some(f) = self.producer.context().take_failure() {
-            return Err(self.classify(BridgeError::Delivery {
-                topic: f.source.topic.to_string(),
-                partition: f.source.partition,
-                offset: f.source.offset,
-                code: f.code,
-                reason: f.reason,
-            }));
+        if let Some(err) = self.delivery_failure() {
+            return Err(err);
         }
         flushed.map_err(|e| self.fenced_or(e, "flush"))?;
         self.state = TxnState::Flushed(began);
@@ -376,6 +408,9 @@ impl Sink {
                     return Ok(());
                 }
                 Err(e) => {
+                    if let Some(failed) = self.delivery_failure() {
+                        return Err(failed);
+                    }
                     let err = self.fenced_or(e, "commit_transaction");
                     if err.action() == Action::Retry && Instant::now() < deadline {
                         warn!(error = %err, attempt, "commit_transaction failed; retrying");
@@ -560,6 +595,25 @@ mod tests {
     }
 
     #[test]
+    fn the_largest_record_is_named_for_a_size_error() {
+        let ctx = SinkContext::default();
+        let at = |offset| SourceRef {
+            topic: "t".into(),
+            partition: 0,
+            offset,
+        };
+        for (offset, len) in [(10, 5), (11, 20_000), (12, 7)] {
+            ctx.record_failure(DeliveryFailure {
+                source: at(offset),
+                code: Some(RDKafkaErrorCode::MessageSizeTooLarge),
+                reason: "too large".into(),
+                payload_len: len,
+            });
+        }
+        assert_eq!(ctx.take_failure().unwrap().source, at(11));
+    }
+
+    #[test]
     fn delivery_failures_are_reported_once_with_the_first_source() {
         let ctx = SinkContext::default();
         assert!(ctx.take_failure().is_none());
@@ -572,11 +626,13 @@ mod tests {
             source: src.clone(),
             code: None,
             reason: "first".into(),
+            payload_len: 1,
         });
         ctx.record_failure(DeliveryFailure {
             source: src.clone(),
             code: None,
             reason: "second".into(),
+            payload_len: 2,
         });
         let f = ctx.take_failure().unwrap();
         assert_eq!(f.source, src);

@@ -129,7 +129,9 @@ fn a_record_the_sink_never_takes_stops_the_bridge_naming_it() {
         .set("bootstrap.servers", b)
         .create()
         .unwrap();
-    let big = vec![b'x'; 20_000];
+    // Random bytes: the sink producer compresses, and a compressible record would fit.
+    let mut rng = rand::rng();
+    let big: Vec<u8> = (0..20_000).map(|_| rng.random::<u8>()).collect();
     for i in 0..20 {
         let small = format!("small-{i}");
         let payload: &[u8] = if i == 12 { &big } else { small.as_bytes() };

@@ -65,7 +65,7 @@ impl Broker {
     }
 
     pub fn kill9(&self) {
-        run_kafka_script(&["kill", "--name", &self.name]);
+        run_kafka_script_quiet(&["kill", "--name", &self.name]);
     }
 
     pub fn restart(&self) {
@@ -74,8 +74,16 @@ impl Broker {
     }
 
     pub fn stop(&self) {
-        run_kafka_script(&["stop", "--name", &self.name]);
+        run_kafka_script_quiet(&["stop", "--name", &self.name]);
     }
+}
+
+fn run_kafka_script_quiet(args: &[&str]) {
+    let status = Command::new(kafka_script())
+        .args(args)
+        .status()
+        .expect("scripts/kafka runs");
+    assert!(status.success(), "scripts/kafka {args:?} failed");
 }
 
 fn run_kafka_script(args: &[&str]) -> String {
