@@ -125,6 +125,28 @@ impl Admin {
         Ok(())
     }
 
+    /// Grows a topic to `total` partitions.
+    pub async fn add_partitions(&self, topic: &str, total: i32) -> Result<()> {
+        let res = self
+            .client
+            .create_partitions(
+                &[NewPartitions::new(topic, total as usize)],
+                &Self::options(),
+            )
+            .await
+            .map_err(|e| BridgeError::kafka("add partitions", e))?;
+        for r in res {
+            if let Err((t, code)) = r {
+                return Err(BridgeError::Setup(format!(
+                    "adding partitions to '{t}' (to {total}) failed: {code:?}; add them yourself or \
+                     grant the bridge Alter on the topic"
+                )));
+            }
+        }
+        info!(topic, partitions = total, "added partitions");
+        Ok(())
+    }
+
     /// The marker topic: compacted (only each instance's newest marker matters), with at least
     /// one partition per instance.
     pub async fn ensure_marker_topic(&self, topic: &str, instances: u32) -> Result<i32> {
@@ -144,22 +166,11 @@ impl Admin {
                 Ok(want)
             }
             Some(n) if n < want => {
-                let res = self
-                    .client
-                    .create_partitions(
-                        &[NewPartitions::new(topic, want as usize)],
-                        &Self::options(),
-                    )
-                    .await
-                    .map_err(|e| BridgeError::kafka("add marker topic partitions", e))?;
-                for r in res {
-                    if let Err((t, code)) = r {
-                        return Err(BridgeError::Setup(format!(
-                            "marker topic '{t}' has {n} partitions but {want} instances need one each, and adding \
-                             partitions failed: {code:?}"
-                        )));
-                    }
-                }
+                self.add_partitions(topic, want).await.map_err(|e| {
+                    BridgeError::Setup(format!(
+                        "marker topic '{topic}' has {n} partitions but {want} instances need one each: {e}"
+                    ))
+                })?;
                 Ok(want)
             }
             Some(n) => Ok(n),

@@ -344,6 +344,19 @@ impl CheckpointStore {
         self.commit_with_retention(&mut files, &committed)
     }
 
+    /// Names committed checkpoint `id` a savepoint (retention never prunes it), or with `None`
+    /// makes it an ordinary checkpoint again, which retention then treats like any other.
+    pub fn set_savepoint(&self, id: u64, name: Option<String>) -> Result<(), StoreError> {
+        let mut files = self.lock();
+        let mut c = self.get(id)?.ok_or_else(|| StoreError::NotFound {
+            dir: self.dir.clone(),
+            id,
+        })?;
+        c.state = CheckpointState::Committed;
+        c.savepoint = name;
+        self.commit_with_retention(&mut files, &c)
+    }
+
     /// Drops a pending checkpoint that was never committed. A missing id is not an error, so a
     /// discard interrupted by a crash can simply be repeated.
     pub fn discard(&self, id: u64) -> Result<(), StoreError> {
@@ -592,6 +605,59 @@ fn sync_dir(path: &Path) -> Result<(), StoreError> {
     {
         let _ = path;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod savepoint_tests {
+    use super::*;
+    use crate::positions::Positions;
+
+    fn committed(id: u64) -> Checkpoint {
+        Checkpoint {
+            id,
+            bridge_id: "b".into(),
+            instance: 0,
+            instances: 1,
+            state: CheckpointState::Committed,
+            positions: Positions::new(),
+            created_ms: id as i64,
+            savepoint: None,
+        }
+    }
+
+    #[test]
+    fn a_savepoint_outlives_retention_until_unnamed() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = CheckpointStore::open(dir.path(), 2).unwrap();
+        store.put_committed(&committed(1)).unwrap();
+        store
+            .set_savepoint(1, Some("before-upgrade".into()))
+            .unwrap();
+        for id in 2..6 {
+            store.put_committed(&committed(id)).unwrap();
+        }
+        let ids: Vec<u64> = store
+            .load()
+            .unwrap()
+            .checkpoints
+            .iter()
+            .map(|c| c.id)
+            .collect();
+        assert_eq!(ids, vec![1, 4, 5]);
+        store.set_savepoint(1, None).unwrap();
+        let ids: Vec<u64> = store
+            .load()
+            .unwrap()
+            .checkpoints
+            .iter()
+            .map(|c| c.id)
+            .collect();
+        assert_eq!(
+            ids,
+            vec![4, 5],
+            "an unnamed savepoint is pruned like any checkpoint"
+        );
     }
 }
 

@@ -13,27 +13,36 @@ use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
 use crate::api::{self, ApiState};
+use crate::checkpoint::CheckpointStore;
 use crate::config::Config;
 use crate::error::{BridgeError, Result};
 use crate::metrics::Metrics;
 use crate::pipeline::{self, Shared};
+use crate::savepoint::Restore;
 use crate::status::Status;
 
-pub fn run(cfg: Arc<Config>) -> Result<()> {
+pub fn run(cfg: Arc<Config>, restore: Option<Restore>) -> Result<()> {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .thread_name("eos-bridge-rt")
         .enable_all()
         .build()
         .map_err(|e| BridgeError::Setup(format!("cannot start the async runtime: {e}")))?;
-    let result = runtime.block_on(serve(cfg));
+    let result = runtime.block_on(serve(cfg, restore));
     // The pipeline thread may still hold blocking calls after a forced exit; do not wait on them.
     runtime.shutdown_timeout(Duration::from_millis(100));
     result
 }
 
-async fn serve(cfg: Arc<Config>) -> Result<()> {
+async fn serve(cfg: Arc<Config>, restore: Option<Restore>) -> Result<()> {
     let metrics = Arc::new(Metrics::new());
+    // Opened here, before anything else, so that a second process on the same state directory
+    // stops at once with a clear message.
+    let store = Arc::new(CheckpointStore::open(
+        &cfg.bridge.state_dir,
+        cfg.checkpoint.retain,
+    )?);
+    let (commands, command_rx) = std::sync::mpsc::channel();
     let status = Status::new(
         &cfg.bridge.id,
         cfg.bridge.instance,
@@ -55,6 +64,10 @@ async fn serve(cfg: Arc<Config>) -> Result<()> {
     let app = api::router(ApiState {
         metrics: metrics.clone(),
         status: status.clone(),
+        store: store.clone(),
+        commands: commands.clone(),
+        admin_token: cfg.api.admin_token.clone(),
+        savepoint_wait: cfg.checkpoint.interval + cfg.checkpoint.timeout + Duration::from_secs(5),
         ready_max_age: cfg.ready_max_age(),
         live_max_silence: cfg.checkpoint.interval
             + cfg.checkpoint.timeout
@@ -78,12 +91,13 @@ async fn serve(cfg: Arc<Config>) -> Result<()> {
         status,
         shutdown: shutdown.clone(),
         runtime: tokio::runtime::Handle::current(),
+        store,
     };
     let pipeline_cfg = cfg.clone();
     std::thread::Builder::new()
         .name("eos-bridge-pipeline".into())
         .spawn(move || {
-            let r = pipeline::run(pipeline_cfg, shared);
+            let r = pipeline::run(pipeline_cfg, shared, command_rx, restore);
             let _ = done_tx.send(r);
         })
         .map_err(|e| BridgeError::Setup(format!("cannot start the pipeline thread: {e}")))?;

@@ -140,6 +140,21 @@ impl BridgeError {
         }
     }
 
+    /// Every value `reason()` can return, so that metrics can show each at zero from the start.
+    pub const REASONS: [&'static str; 11] = [
+        "kafka_error",
+        "delivery_error",
+        "checkpoint_timeout",
+        "fenced",
+        "unauthorized",
+        "state_store",
+        "recovery",
+        "poison_record",
+        "offset_out_of_range",
+        "config",
+        "setup",
+    ];
+
     /// A short label for metrics and logs.
     pub fn reason(&self) -> &'static str {
         match self {
@@ -167,7 +182,7 @@ impl BridgeError {
     }
 }
 
-fn is_auth(code: RDKafkaErrorCode) -> bool {
+pub fn is_auth(code: RDKafkaErrorCode) -> bool {
     matches!(
         code,
         RDKafkaErrorCode::TransactionalIdAuthorizationFailed

@@ -6,6 +6,7 @@
 
 pub mod admin;
 pub mod api;
+pub mod check;
 pub mod checkpoint;
 pub mod config;
 pub mod daemon;
@@ -16,6 +17,7 @@ pub mod metrics;
 pub mod pipeline;
 pub mod positions;
 pub mod recovery;
+pub mod savepoint;
 pub mod sink;
 pub mod source;
 pub mod status;

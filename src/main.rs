@@ -9,6 +9,7 @@ use clap::{Parser, Subcommand};
 
 use eos_bridge::config::Config;
 use eos_bridge::daemon;
+use eos_bridge::savepoint::{Restore, Savepoint};
 
 #[derive(Parser)]
 #[command(name = "eos-bridge", version, about = "Exactly-once Kafka bridge")]
@@ -31,11 +32,42 @@ enum Command {
     Run {
         #[arg(long, short)]
         config: PathBuf,
+        /// Start from a savepoint exported with `savepoint export` (repeat to merge the
+        /// savepoints of every instance of an old layout).
+        #[arg(long = "from-savepoint", value_name = "FILE.json")]
+        from_savepoint: Vec<PathBuf>,
+        /// Allow a savepoint of another bridge id or instance layout; positions are then
+        /// redistributed by partition.
+        #[arg(long, requires = "from_savepoint")]
+        allow_layout_change: bool,
+    },
+    /// Validate the configuration against both clusters without starting: exit 0 when every
+    /// check passes, 1 otherwise.
+    Check {
+        #[arg(long, short)]
+        config: PathBuf,
+    },
+    /// Savepoints: export one from a state directory as portable JSON.
+    Savepoint {
+        #[command(subcommand)]
+        command: SavepointCommand,
     },
     /// Inspect the checkpoints of a state directory (the bridge must not be running on it).
     Checkpoints {
         #[command(subcommand)]
         command: CheckpointsCommand,
+    },
+}
+
+#[derive(Subcommand)]
+enum SavepointCommand {
+    /// Write savepoint NAME of a state directory to stdout as JSON (the bridge must not be
+    /// running on it; a running bridge serves the same at GET /api/v1/savepoints/NAME).
+    Export {
+        #[arg(long)]
+        state_dir: PathBuf,
+        #[arg(long)]
+        name: String,
     },
 }
 
@@ -69,7 +101,11 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     init_tracing(&cli.log_format);
     match cli.command {
-        Command::Run { config } => {
+        Command::Run {
+            config,
+            from_savepoint,
+            allow_layout_change,
+        } => {
             let cfg = match Config::from_process_env(Some(&config)) {
                 Ok(c) => c,
                 Err(errors) => {
@@ -80,7 +116,18 @@ fn main() -> ExitCode {
                     return ExitCode::from(2);
                 }
             };
-            match daemon::run(Arc::new(cfg)) {
+            let restore = match read_savepoints(&from_savepoint) {
+                Ok(list) if list.is_empty() => None,
+                Ok(savepoints) => Some(Restore {
+                    savepoints,
+                    allow_layout_change,
+                }),
+                Err(e) => {
+                    eprintln!("eos-bridge: {e:#}");
+                    return ExitCode::from(2);
+                }
+            };
+            match daemon::run(Arc::new(cfg), restore) {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {
                     eprintln!("eos-bridge: {e:#}");
@@ -88,6 +135,41 @@ fn main() -> ExitCode {
                 }
             }
         }
+        Command::Check { config } => {
+            let cfg = match Config::from_process_env(Some(&config)) {
+                Ok(c) => c,
+                Err(errors) => {
+                    println!(
+                        "check          ok    detail\nconfiguration  FAIL  invalid ({}):\n{errors}",
+                        config.display()
+                    );
+                    return ExitCode::FAILURE;
+                }
+            };
+            let runtime = match tokio::runtime::Runtime::new() {
+                Ok(r) => r,
+                Err(e) => {
+                    eprintln!("eos-bridge: cannot start a runtime: {e}");
+                    return ExitCode::FAILURE;
+                }
+            };
+            let findings = eos_bridge::check::run(&cfg, &runtime);
+            print!("{}", eos_bridge::check::render(&findings));
+            if findings.iter().all(|f| f.ok) {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            }
+        }
+        Command::Savepoint {
+            command: SavepointCommand::Export { state_dir, name },
+        } => match export_savepoint(&state_dir, &name) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("eos-bridge: {e:#}");
+                ExitCode::FAILURE
+            }
+        },
         Command::Checkpoints {
             command: CheckpointsCommand::List { state_dir },
         } => match list_checkpoints(&state_dir) {
@@ -126,5 +208,30 @@ fn list_checkpoints(dir: &std::path::Path) -> anyhow::Result<()> {
             c.reason
         );
     }
+    Ok(())
+}
+
+fn read_savepoints(files: &[PathBuf]) -> anyhow::Result<Vec<Savepoint>> {
+    files
+        .iter()
+        .map(|f| {
+            let text =
+                std::fs::read_to_string(f).with_context(|| format!("reading {}", f.display()))?;
+            Ok(Savepoint::from_json(&f.display().to_string(), &text)?)
+        })
+        .collect()
+}
+
+fn export_savepoint(dir: &std::path::Path, name: &str) -> anyhow::Result<()> {
+    let store = eos_bridge::checkpoint::CheckpointStore::open(dir, usize::MAX)
+        .with_context(|| format!("opening {}", dir.display()))?;
+    let loaded = store.load()?;
+    let sp = loaded
+        .checkpoints
+        .iter()
+        .filter_map(Savepoint::from_checkpoint)
+        .find(|sp| sp.name == name)
+        .with_context(|| format!("no savepoint named '{name}' in {}", dir.display()))?;
+    println!("{}", sp.to_json());
     Ok(())
 }

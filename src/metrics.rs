@@ -160,6 +160,21 @@ impl Metrics {
             registry,
         };
         m.register_all();
+        // Series that exist at zero from the start: dashboards and alert rules (increase, rate)
+        // then see them before the first event, not only after it.
+        for result in ["completed", "aborted", "failed"] {
+            m.checkpoints.with_label_values(&[result]);
+        }
+        for reason in crate::error::BridgeError::REASONS {
+            m.transactions_aborted.with_label_values(&[reason]);
+        }
+        for outcome in crate::recovery::RecoveryOutcome::ALL
+            .iter()
+            .map(|o| o.as_str())
+            .chain(["restored_from_savepoint"])
+        {
+            m.recoveries.with_label_values(&[outcome]);
+        }
         m.build_info
             .with_label_values(&[env!("CARGO_PKG_VERSION")])
             .set(1);
@@ -190,6 +205,14 @@ impl Metrics {
         for c in all {
             r.register(c).expect("metric names are unique");
         }
+    }
+
+    /// Shows the per-partition series of a partition at zero as soon as it is assigned.
+    pub fn preset_partition(&self, topic: &str, partition: i32) {
+        let p = partition.to_string();
+        self.records_lost.with_label_values(&[topic, &p]);
+        self.consumer_lag.with_label_values(&[topic, &p]);
+        self.records_consumed.with_label_values(&[topic]);
     }
 
     /// The registry in Prometheus text format, with its content type.

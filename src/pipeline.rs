@@ -7,6 +7,7 @@
 //! producer and recover in-process from the newest committed marker, or stop.
 
 use std::collections::{BTreeMap, HashMap};
+use std::sync::mpsc::Receiver;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -25,6 +26,7 @@ use crate::marker::{marker_partition, Marker, MARKER_VERSION};
 use crate::metrics::Metrics;
 use crate::positions::Positions;
 use crate::recovery::decide;
+use crate::savepoint::{Restore, Savepoint, RESTORED_PREFIX};
 use crate::sink::{Sink, SinkSettings, SourceRef};
 use crate::source::Source;
 use crate::status::{self, PartitionStatus, RunState, SharedStatus};
@@ -44,6 +46,26 @@ pub struct Shared {
     pub status: SharedStatus,
     pub shutdown: CancellationToken,
     pub runtime: Handle,
+    /// Opened by the daemon before the pipeline starts; the API reads it too.
+    pub store: Arc<CheckpointStore>,
+}
+
+type SavepointRequest = (
+    String,
+    bool,
+    tokio::sync::oneshot::Sender<std::result::Result<Savepoint, String>>,
+);
+
+/// Requests from the API, served at epoch boundaries.
+pub enum Command {
+    /// Name the next checkpoint a savepoint; the reply comes once it is committed. With `stop`,
+    /// that checkpoint is the last one: the bridge then shuts down as on SIGTERM, so nothing is
+    /// committed after the savepoint (the way to move to another layout under live traffic).
+    Savepoint {
+        name: String,
+        stop: bool,
+        reply: tokio::sync::oneshot::Sender<std::result::Result<Savepoint, String>>,
+    },
 }
 
 fn now_ms() -> i64 {
@@ -80,8 +102,13 @@ fn interned(names: &mut HashMap<String, Arc<str>>, topic: &str) -> Arc<str> {
 }
 
 /// Runs the bridge until shutdown or a fatal error.
-pub fn run(cfg: Arc<Config>, shared: Shared) -> Result<()> {
-    let result = Pipeline::start(cfg, &shared).and_then(|mut p| p.run_loop());
+pub fn run(
+    cfg: Arc<Config>,
+    shared: Shared,
+    commands: Receiver<Command>,
+    restore: Option<Restore>,
+) -> Result<()> {
+    let result = Pipeline::start(cfg, &shared, commands, restore).and_then(|mut p| p.run_loop());
     status::update(&shared.status, |s| match &result {
         Ok(()) => s.state = RunState::Stopped,
         Err(e) => {
@@ -96,7 +123,11 @@ struct Pipeline<'a> {
     cfg: Arc<Config>,
     shared: &'a Shared,
     admin: Admin,
-    store: CheckpointStore,
+    store: Arc<CheckpointStore>,
+    commands: Receiver<Command>,
+    restore: Option<Restore>,
+    /// A savepoint request waiting for the checkpoint that will carry its name.
+    savepoint: Option<SavepointRequest>,
     source: Source,
     sink: Sink,
     router: Router,
@@ -118,7 +149,12 @@ impl<'a> Pipeline<'a> {
         self.cfg.bridge.delivery == Delivery::ExactlyOnce
     }
 
-    fn start(cfg: Arc<Config>, shared: &'a Shared) -> Result<Pipeline<'a>> {
+    fn start(
+        cfg: Arc<Config>,
+        shared: &'a Shared,
+        commands: Receiver<Command>,
+        restore: Option<Restore>,
+    ) -> Result<Pipeline<'a>> {
         let sink_kafka: Vec<(String, String)> = cfg
             .sink
             .kafka
@@ -137,7 +173,7 @@ impl<'a> Pipeline<'a> {
                 .map_err(|e| BridgeError::Config(crate::config::ConfigErrors(vec![e])))?;
         }
 
-        let store = CheckpointStore::open(&cfg.bridge.state_dir, cfg.checkpoint.retain)?;
+        let store = shared.store.clone();
         let source = Source::new(&cfg)?;
         let router = Router::new(&cfg.sink.topic, cfg.sink.partitioning);
 
@@ -167,6 +203,9 @@ impl<'a> Pipeline<'a> {
             shared,
             admin,
             store,
+            commands,
+            restore,
+            savepoint: None,
             source,
             sink,
             router,
@@ -211,14 +250,26 @@ impl<'a> Pipeline<'a> {
                     *partitions
                 }
             };
-            if self.cfg.sink.partitioning == Partitioning::Preserve && n < *partitions {
-                return Err(BridgeError::Setup(format!(
-                    "sink topic '{sink_topic}' has {n} partitions but source topic '{topic}' has {partitions}; \
-                     with sink.partitioning = \"preserve\" the sink needs at least as many. Add partitions to the \
-                     sink topic or use sink.partitioning = \"key\""
-                )));
-            }
+            // `preserve` writes source partition p to sink partition p: the sink grows with the source.
+            let n = if self.cfg.sink.partitioning == Partitioning::Preserve && n < *partitions {
+                self.shared
+                    .runtime
+                    .block_on(self.admin.add_partitions(&sink_topic, *partitions))
+                    .map_err(|e| {
+                        BridgeError::Setup(format!(
+                            "sink topic '{sink_topic}' has {n} partitions but source topic '{topic}' has \
+                             {partitions}, and sink.partitioning = \"preserve\" needs at least as many: {e}"
+                        ))
+                    })?;
+                *partitions
+            } else {
+                n
+            };
             self.router.set_sink_partitions(&sink_topic, n);
+            self.shared
+                .metrics
+                .records_produced
+                .with_label_values(&[&sink_topic]);
         }
         self.topics = found;
         self.last_discovery = Instant::now();
@@ -238,12 +289,41 @@ impl<'a> Pipeline<'a> {
             self.shared.metrics.corrupt_checkpoints.inc();
             self.store.remove_key(&c.key)?;
         }
-        let marker = if self.exactly_once() {
+        let mut marker = if self.exactly_once() {
             self.sink.read_newest_marker(CONNECT_DEADLINE)?
         } else {
             None
         };
         let cfg = self.cfg.clone();
+        self.pending = None;
+
+        if let Some(restore) = self.restore.take() {
+            let tag = restore.tag();
+            if loaded
+                .checkpoints
+                .iter()
+                .any(|c| c.savepoint.as_deref() == Some(tag.as_str()))
+            {
+                info!(tag = %tag, "this state directory already restored these savepoints; resuming normally");
+            } else {
+                return self.restore_from(&restore, &loaded.checkpoints, marker.as_ref());
+            }
+        }
+        // After a restore into a new layout, the marker partition can still hold the old layout's
+        // last marker until the first commit: the restored checkpoint is newer and wins.
+        if let Some(m) = &marker {
+            let foreign = m.bridge_id != cfg.bridge.id || m.instances != cfg.bridge.instances;
+            let restored_after = loaded.checkpoints.iter().any(|c| {
+                c.savepoint
+                    .as_deref()
+                    .is_some_and(|n| n.starts_with(RESTORED_PREFIX))
+                    && c.id > m.checkpoint_id
+            });
+            if foreign && restored_after {
+                marker = None;
+            }
+        }
+
         let decision = decide(
             &cfg.bridge.id,
             cfg.bridge.instance,
@@ -264,17 +344,83 @@ impl<'a> Pipeline<'a> {
         if let Some(c) = &decision.adopt {
             self.store.put_committed(c)?;
         }
-        self.pending = None;
+        self.last_id = decision.last_committed_id;
+        self.start_from(decision.positions, decision.outcome.as_str())
+    }
+
+    /// `run --from-savepoint`: the savepoints' positions (of the partitions this instance owns)
+    /// become a committed checkpoint numbered above everything seen so far, and the bridge starts
+    /// there. Its first commit writes a marker in the new layout.
+    fn restore_from(
+        &mut self,
+        restore: &Restore,
+        checkpoints: &[Checkpoint],
+        marker: Option<&Marker>,
+    ) -> Result<()> {
+        let cfg = self.cfg.clone();
+        let merged = restore
+            .positions(&cfg.bridge.id, cfg.bridge.instance, cfg.bridge.instances)
+            .map_err(|e| BridgeError::Setup(e.to_string()))?;
+        if let Some(c) = checkpoints.iter().find(|c| {
+            c.bridge_id != cfg.bridge.id
+                || c.instances != cfg.bridge.instances
+                || c.instance != cfg.bridge.instance
+        }) {
+            return Err(BridgeError::Setup(format!(
+                "state directory {} holds checkpoints of bridge '{}' instance {} of {}; restore a savepoint into a \
+                 new layout with an empty state directory",
+                cfg.bridge.state_dir.display(),
+                c.bridge_id,
+                c.instance,
+                c.instances
+            )));
+        }
+        for c in checkpoints
+            .iter()
+            .filter(|c| c.state == CheckpointState::Pending)
+        {
+            self.store.discard(c.id)?;
+        }
+        let owned = self.source.owned(&self.topics);
+        let positions: Positions = owned
+            .iter()
+            .filter_map(|(t, p)| merged.get(t, *p).map(|o| (t.clone(), *p, o)))
+            .collect();
+        let id = checkpoints
+            .iter()
+            .map(|c| c.id)
+            .chain(marker.map(|m| m.checkpoint_id))
+            .chain([restore.max_checkpoint_id()])
+            .max()
+            .unwrap_or(0)
+            + 1;
+        self.store.put_committed(&Checkpoint {
+            id,
+            bridge_id: cfg.bridge.id.clone(),
+            instance: cfg.bridge.instance,
+            instances: cfg.bridge.instances,
+            state: CheckpointState::Committed,
+            positions: positions.clone(),
+            created_ms: now_ms(),
+            savepoint: Some(restore.tag()),
+        })?;
+        info!(tag = %restore.tag(), checkpoint = id, partitions = positions.len(), "restored from savepoint");
+        self.last_id = id;
+        self.start_from(Some(positions), "restored_from_savepoint")
+    }
+
+    /// Assigns the source at `saved` (None: the configured start position), with every owned
+    /// partition the positions do not know read from its beginning.
+    fn start_from(&mut self, saved: Option<Positions>, outcome: &'static str) -> Result<()> {
+        let cfg = self.cfg.clone();
         self.shared
             .metrics
             .recoveries
-            .with_label_values(&[decision.outcome.as_str()])
+            .with_label_values(&[outcome])
             .inc();
-        self.last_id = decision.last_committed_id;
-
         let owned = self.source.owned(&self.topics);
-        let had_state = decision.positions.is_some();
-        let saved = decision.positions.unwrap_or_default();
+        let had_state = saved.is_some();
+        let saved = saved.unwrap_or_default();
         let mut positions = Positions::new();
         let mut missing = Vec::new();
         for (t, p) in &owned {
@@ -294,9 +440,12 @@ impl<'a> Pipeline<'a> {
         }
         self.check_out_of_range(&mut positions)?;
         self.source.assign(&positions)?;
+        for (t, p, _) in positions.iter() {
+            self.shared.metrics.preset_partition(t, p);
+        }
         self.committed = positions;
         info!(
-            outcome = decision.outcome.as_str(),
+            outcome,
             last_checkpoint = self.last_id,
             partitions = self.committed.len(),
             "recovered"
@@ -450,6 +599,12 @@ impl<'a> Pipeline<'a> {
             s.epoch_started_at = Some(epoch_start);
             s.heartbeat = epoch_start;
         });
+        if self.savepoint.is_none() {
+            if let Ok(Command::Savepoint { name, stop, reply }) = self.commands.try_recv() {
+                self.savepoint = Some((name, stop, reply));
+            }
+        }
+        let savepoint_name = self.savepoint.as_ref().map(|(n, _, _)| n.clone());
 
         self.sink.begin()?;
         let mut current = self.committed.clone();
@@ -532,7 +687,7 @@ impl<'a> Pipeline<'a> {
             state,
             positions: current.clone(),
             created_ms: now_ms(),
-            savepoint: None,
+            savepoint: savepoint_name.clone(),
         };
         match cfg.bridge.delivery {
             Delivery::ExactlyOnce => {
@@ -603,6 +758,14 @@ impl<'a> Pipeline<'a> {
         }
 
         // Committed.
+        if let Some((name, stop, reply)) = self.savepoint.take() {
+            let sp = Savepoint::from_checkpoint(&checkpoint(CheckpointState::Committed));
+            info!(savepoint = %name, checkpoint = id, stop, "savepoint taken");
+            if stop {
+                self.shared.shutdown.cancel();
+            }
+            let _ = reply.send(sp.ok_or_else(|| "the savepoint lost its name".to_string()));
+        }
         let m = &self.shared.metrics;
         let done_ms = now_ms();
         for (t, n) in consumed {

@@ -31,6 +31,13 @@ pub enum RecoveryOutcome {
 }
 
 impl RecoveryOutcome {
+    pub const ALL: [RecoveryOutcome; 4] = [
+        RecoveryOutcome::Fresh,
+        RecoveryOutcome::Committed,
+        RecoveryOutcome::RolledBack,
+        RecoveryOutcome::AdoptedFromMarker,
+    ];
+
     /// The value of the `outcome` label of the recoveries metric.
     pub fn as_str(&self) -> &'static str {
         match self {

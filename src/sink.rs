@@ -19,7 +19,7 @@ use rdkafka::producer::{BaseRecord, DeliveryResult, Producer, ProducerContext, T
 use rdkafka::{ClientContext, Offset, TopicPartitionList};
 use tracing::{info, warn};
 
-use crate::error::{classify_kafka, is_fencing, Action, BridgeError, Result};
+use crate::error::{classify_kafka, is_auth, is_fencing, Action, BridgeError, Result};
 use crate::marker::{marker_key, Marker};
 
 /// Where an output record came from; carried through librdkafka so that a failed delivery names
@@ -230,6 +230,9 @@ impl Sink {
             other => other.rdkafka_error_code(),
         };
         if let Some(c) = code {
+            if is_auth(c) {
+                return BridgeError::Unauthorized { op, code: c };
+            }
             if is_fencing(c) && self.is_transactional() {
                 let young = self
                     .transaction_age()

@@ -106,3 +106,48 @@ fn bridges_exactly_once_and_shuts_down_with_no_open_transaction() {
     let n = assert_exactly_once(b, &input, b, &output);
     assert_eq!(n, 4500);
 }
+
+#[test]
+fn partitions_added_while_running_are_read_from_their_beginning() {
+    let _serial = serial();
+    let b = bootstrap();
+    let input = unique("grow-in");
+    let output = unique("grow-out");
+    create_topic(b, &input, 2);
+    assert!(verifiable_produce(b, &input, 1000, -1, Some(1))
+        .status
+        .success());
+    let home = BridgeHome::new(BridgeSpec::new(&input, &output));
+    let mut bridge = home.start(&[]);
+    bridge.wait_committed(1000, Duration::from_secs(60));
+
+    let out = kafka_tool(
+        "TopicCommand",
+        &[
+            "--bootstrap-server",
+            b,
+            "--alter",
+            "--topic",
+            &input,
+            "--partitions",
+            "4",
+        ],
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(verifiable_produce(b, &input, 2000, -1, Some(2))
+        .status
+        .success());
+    let by_part = by_partition(&console_consume(b, &input, true, Duration::from_secs(3)));
+    assert!(
+        by_part.get(&3).is_some_and(|v| !v.is_empty()),
+        "the new partitions received records"
+    );
+    let total = end_offsets_total(b, &input);
+    bridge.wait_committed(total, Duration::from_secs(90));
+    assert!(bridge.stop_gracefully(Duration::from_secs(30)).success());
+    assert_eq!(assert_exactly_once(b, &input, b, &output) as i64, total);
+}

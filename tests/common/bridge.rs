@@ -150,6 +150,11 @@ impl BridgeHome {
 
     /// Starts the bridge; `env` adds variables (failpoints).
     pub fn start(&self, env: &[(&str, &str)]) -> Bridge {
+        self.start_with_args(env, &[])
+    }
+
+    /// Starts the bridge with extra arguments after `run --config FILE`.
+    pub fn start_with_args(&self, env: &[(&str, &str)], args: &[&str]) -> Bridge {
         let port = free_port();
         let cfg_path = self.dir.path().join(format!("bridge-{port}.toml"));
         std::fs::write(&cfg_path, self.spec.toml(&self.state_dir(), port)).unwrap();
@@ -157,6 +162,7 @@ impl BridgeHome {
         let log_file = std::fs::File::create(&log).unwrap();
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_eos-bridge"));
         cmd.args(["run", "--config", cfg_path.to_str().unwrap()])
+            .args(args)
             .env("EOS_BRIDGE_LOG", "info,librdkafka=warn,rdkafka=warn")
             .stdin(Stdio::null())
             .stdout(log_file.try_clone().unwrap())
