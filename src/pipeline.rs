@@ -261,6 +261,7 @@ impl<'a> Pipeline<'a> {
                              {partitions}, and sink.partitioning = \"preserve\" needs at least as many: {e}"
                         ))
                     })?;
+                self.sink.refresh_metadata(&sink_topic);
                 *partitions
             } else {
                 n

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
-use rdkafka::message::{Message, OwnedHeaders};
+use rdkafka::message::{Message, OwnedHeaders, ToBytes};
 use rdkafka::producer::{BaseRecord, DeliveryResult, Producer, ProducerContext, ThreadedProducer};
 use rdkafka::{ClientContext, Offset, TopicPartitionList};
 use tracing::{info, warn};
@@ -313,23 +313,56 @@ impl Sink {
         if let Some(ts) = timestamp {
             record = record.timestamp(ts);
         }
+        let sent = match self.enqueue(record) {
+            // Partitions added to the sink topic since librdkafka last refreshed its metadata
+            // (every five minutes by default): refresh now and try once more.
+            Err((KafkaError::MessageProduction(RDKafkaErrorCode::UnknownPartition), back)) => {
+                self.refresh_metadata(topic);
+                self.enqueue(back)
+            }
+            other => other,
+        };
+        sent.map_err(|(e, back)| {
+            let src = back.delivery_opaque;
+            BridgeError::Delivery {
+                topic: src.topic.to_string(),
+                partition: src.partition,
+                offset: src.offset,
+                code: e.rdkafka_error_code(),
+                reason: e.to_string(),
+            }
+        })
+    }
+
+    /// Makes librdkafka learn a topic's current partitions (after the pipeline added some).
+    pub fn refresh_metadata(&self, topic: &str) {
+        if let Err(e) = self
+            .producer
+            .client()
+            .fetch_metadata(Some(topic), Duration::from_secs(10))
+        {
+            warn!(topic, error = %e, "refreshing sink topic metadata failed");
+        }
+    }
+
+    /// Hands a record to librdkafka, waiting out a full local queue (the producer's own thread
+    /// drains it); any other refusal comes back with the record.
+    #[allow(clippy::result_large_err)]
+    fn enqueue<'r, K, P>(
+        &self,
+        mut record: BaseRecord<'r, K, P, Box<SourceRef>>,
+    ) -> std::result::Result<(), (KafkaError, BaseRecord<'r, K, P, Box<SourceRef>>)>
+    where
+        K: ToBytes + ?Sized,
+        P: ToBytes + ?Sized,
+    {
         loop {
             match self.producer.send(record) {
-                Ok(()) => return Ok(()),
                 Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), back)) => {
                     record = back;
                     self.producer.poll(Duration::from_millis(5));
                 }
-                Err((e, back)) => {
-                    let src = back.delivery_opaque;
-                    return Err(BridgeError::Delivery {
-                        topic: src.topic.to_string(),
-                        partition: src.partition,
-                        offset: src.offset,
-                        code: e.rdkafka_error_code(),
-                        reason: e.to_string(),
-                    });
-                }
+                other => return other,
             }
         }
     }
@@ -343,26 +376,16 @@ impl Sink {
             partition: self.settings.marker_partition,
             offset: -1,
         });
-        let mut record: BaseRecord<'_, str, [u8], Box<SourceRef>> =
+        let record: BaseRecord<'_, str, [u8], Box<SourceRef>> =
             BaseRecord::with_opaque_to(&self.settings.marker_topic, me)
                 .partition(self.settings.marker_partition)
                 .key(key.as_str())
                 .payload(payload.as_slice());
-        loop {
-            match self.producer.send(record) {
-                Ok(()) => return Ok(()),
-                Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), back)) => {
-                    record = back;
-                    self.producer.poll(Duration::from_millis(5));
-                }
-                Err((e, _)) => {
-                    // The transaction usually failed earlier, on a record: report that record.
-                    return Err(self
-                        .delivery_failure()
-                        .unwrap_or_else(|| self.fenced_or(e, "produce commit marker")));
-                }
-            }
-        }
+        self.enqueue(record).map_err(|(e, _)| {
+            // The transaction usually failed earlier, on a record: report that record.
+            self.delivery_failure()
+                .unwrap_or_else(|| self.fenced_or(e, "produce commit marker"))
+        })
     }
 
     /// The first delivery failure since the last look, as an error naming its source record.

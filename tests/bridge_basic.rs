@@ -9,42 +9,6 @@ use std::time::Duration;
 use common::bridge::*;
 use common::*;
 
-fn transaction_state(bootstrap: &str, transactional_id: &str) -> String {
-    let out = kafka_tool(
-        "TransactionsCommand",
-        &[
-            "--bootstrap-server",
-            bootstrap,
-            "describe",
-            "--transactional-id",
-            transactional_id,
-        ],
-    );
-    assert!(
-        out.status.success(),
-        "TransactionsCommand describe failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let text = String::from_utf8_lossy(&out.stdout).to_string();
-    // Header line, then one row; the state is the column named TransactionState.
-    let mut lines = text.lines().filter(|l| !l.trim().is_empty());
-    let header: Vec<&str> = lines
-        .next()
-        .unwrap_or_default()
-        .split_whitespace()
-        .collect();
-    let row: Vec<&str> = lines
-        .next()
-        .unwrap_or_default()
-        .split_whitespace()
-        .collect();
-    let idx = header
-        .iter()
-        .position(|h| *h == "TransactionState")
-        .unwrap_or_else(|| panic!("no TransactionState column in:\n{text}"));
-    row.get(idx).unwrap_or(&"").to_string()
-}
-
 #[test]
 fn bridges_exactly_once_and_shuts_down_with_no_open_transaction() {
     let _serial = serial();
@@ -87,7 +51,8 @@ fn bridges_exactly_once_and_shuts_down_with_no_open_transaction() {
         bridge.log_text()
     );
     let txn_id = format!("eos-bridge-{}-0", home.spec.id);
-    let state = transaction_state(b, &txn_id);
+    let state =
+        transaction_state(b, &txn_id).expect("TransactionsCommand describes the bridge's id");
     assert!(
         state == "Empty" || state == "CompleteCommit" || state == "CompleteAbort",
         "no transaction of the bridge may be left open after SIGTERM, found state {state}"
@@ -138,9 +103,35 @@ fn partitions_added_while_running_are_read_from_their_beginning() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    assert!(verifiable_produce(b, &input, 2000, -1, Some(2))
-        .status
-        .success());
+    // Keyed, so that records land on every partition (keyless ones stick to a few).
+    let out = kafka_tool(
+        "VerifiableProducer",
+        &[
+            "--bootstrap-server",
+            b,
+            "--topic",
+            &input,
+            "--max-messages",
+            "2000",
+        ],
+    );
+    assert!(out.status.success());
+    let out = kafka_tool(
+        "VerifiableProducer",
+        &[
+            "--bootstrap-server",
+            b,
+            "--topic",
+            &input,
+            "--max-messages",
+            "2000",
+            "--repeating-keys",
+            "40",
+            "--value-prefix",
+            "3",
+        ],
+    );
+    assert!(out.status.success());
     let by_part = by_partition(&console_consume(b, &input, true, Duration::from_secs(3)));
     assert!(
         by_part.get(&3).is_some_and(|v| !v.is_empty()),

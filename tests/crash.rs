@@ -5,7 +5,7 @@ mod common;
 
 #[cfg(feature = "failpoints")]
 use std::os::unix::process::ExitStatusExt;
-use std::process::{Command, Stdio};
+
 use std::time::{Duration, Instant};
 
 use rand::Rng;
@@ -113,26 +113,8 @@ fn kill_9_at_random_instants_under_load() {
     let started = Instant::now();
 
     // Input keeps arriving during the kills.
-    let rate = (records / 30).max(1000).to_string();
-    let mut producer = Command::new(kafka_script())
-        .args([
-            "tool",
-            "VerifiableProducer",
-            "--bootstrap-server",
-            b,
-            "--topic",
-            &input,
-            "--max-messages",
-            &records.to_string(),
-            "--throughput",
-            &rate,
-            "--acks",
-            "-1",
-        ])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
+    let rate = (records / 30).max(1000);
+    let mut producer = background_producer(b, &input, records, rate, 1);
 
     let home = BridgeHome::new(BridgeSpec::new(&input, &output));
     let mut rng = rand::rng();
@@ -140,41 +122,9 @@ fn kill_9_at_random_instants_under_load() {
     // The first run creates the sink topic; then a second read_committed reader follows the sink
     // through all the chaos.
     let mut bridge = home.start(&[]);
-    assert!(
-        wait_until(Duration::from_secs(60), || bridge
-            .last_checkpoint_id()
-            .unwrap_or(0)
-            >= 1),
-        "first checkpoint: {}",
-        tail(&bridge.log_text(), 30)
-    );
+    bridge.wait_checkpoint(1, Duration::from_secs(60));
     let reader_out = home.dir.path().join("live-reader.txt");
-    let mut reader = Command::new(kafka_script())
-        .args([
-            "tool",
-            "ConsoleConsumer",
-            "--bootstrap-server",
-            b,
-            "--topic",
-            &output,
-            "--from-beginning",
-            "--isolation-level",
-            "read_committed",
-            "--timeout-ms",
-            "20000",
-            "--property",
-            "print.partition=true",
-            "--property",
-            "print.offset=true",
-            "--property",
-            "print.key=true",
-            "--property",
-            "key.separator=|",
-        ])
-        .stdout(std::fs::File::create(&reader_out).unwrap())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
+    let mut reader = spawn_console_consumer(b, &output, Duration::from_secs(20), &reader_out);
 
     let mut killed = 0;
     while killed < kills {

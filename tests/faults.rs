@@ -4,54 +4,10 @@
 
 mod common;
 
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::bridge::*;
 use common::*;
-
-fn background_producer(bootstrap: &str, topic: &str, count: u64, rate: u64, prefix: u32) -> Child {
-    Command::new(kafka_script())
-        .args([
-            "tool",
-            "VerifiableProducer",
-            "--bootstrap-server",
-            bootstrap,
-            "--topic",
-            topic,
-            "--max-messages",
-            &count.to_string(),
-            "--throughput",
-            &rate.to_string(),
-            "--acks",
-            "-1",
-            "--value-prefix",
-            &prefix.to_string(),
-        ])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("VerifiableProducer starts")
-}
-
-fn transaction_state(bootstrap: &str, transactional_id: &str) -> Option<String> {
-    let out = kafka_tool(
-        "TransactionsCommand",
-        &[
-            "--bootstrap-server",
-            bootstrap,
-            "describe",
-            "--transactional-id",
-            transactional_id,
-        ],
-    );
-    let text = String::from_utf8_lossy(&out.stdout).to_string();
-    let mut lines = text.lines().filter(|l| !l.trim().is_empty());
-    let header: Vec<&str> = lines.next()?.split_whitespace().collect();
-    let row: Vec<&str> = lines.next()?.split_whitespace().collect();
-    let idx = header.iter().position(|h| *h == "TransactionState")?;
-    row.get(idx).map(|s| s.to_string())
-}
 
 #[cfg(feature = "failpoints")]
 #[test]
@@ -114,14 +70,7 @@ fn a_zombie_with_the_same_transactional_id_is_fenced() {
     let mut producer = background_producer(b, &input, 12_000, 2_000, 1);
 
     let mut a = first.start(&[]);
-    assert!(
-        wait_until(Duration::from_secs(60), || a
-            .last_checkpoint_id()
-            .unwrap_or(0)
-            >= 3),
-        "{}",
-        tail(&a.log_text(), 30)
-    );
+    a.wait_checkpoint(3, Duration::from_secs(60));
     let mut z = second.start(&[]);
     // One of the two must stop with the fencing message; the survivor finishes the work.
     let mut fenced = None;
@@ -167,14 +116,7 @@ fn the_broker_killed_and_restarted_under_load() {
     let mut producer = background_producer(&b, &input, 15_000, 1_000, 1);
 
     let mut bridge = home.start(&[]);
-    assert!(
-        wait_until(Duration::from_secs(60), || bridge
-            .last_checkpoint_id()
-            .unwrap_or(0)
-            >= 3),
-        "{}",
-        tail(&bridge.log_text(), 30)
-    );
+    bridge.wait_checkpoint(3, Duration::from_secs(60));
     broker.kill9();
     // A real outage: the broker stays away for a few seconds while the bridge keeps trying.
     std::thread::sleep(Duration::from_secs(4));
@@ -261,14 +203,7 @@ fn across_two_clusters() {
     let home = BridgeHome::new(spec);
     let mut producer = background_producer(source, &input, 6_000, 2_000, 1);
     let mut bridge = home.start(&[]);
-    assert!(
-        wait_until(Duration::from_secs(60), || bridge
-            .last_checkpoint_id()
-            .unwrap_or(0)
-            >= 2),
-        "{}",
-        tail(&bridge.log_text(), 30)
-    );
+    bridge.wait_checkpoint(2, Duration::from_secs(60));
     bridge.kill9();
     let mut bridge = home.start(&[]);
     assert!(producer.wait().unwrap().success());

@@ -33,14 +33,7 @@ fn run_with_kills(
             .status
             .success());
         let mut bridge = home.start(&[]);
-        assert!(
-            wait_until(Duration::from_secs(60), || bridge
-                .last_checkpoint_id()
-                .unwrap_or(0)
-                >= 1),
-            "{}",
-            tail(&bridge.log_text(), 30)
-        );
+        bridge.wait_checkpoint(1, Duration::from_secs(60));
         std::thread::sleep(Duration::from_millis(rng.random_range(0..600)));
         bridge.kill9();
     }

@@ -230,27 +230,7 @@ fn a_savepoint_restores_exactly_once_into_two_instances() {
     bridge.wait_committed(2000, Duration::from_secs(60));
     // Input keeps arriving while the savepoint is taken: stop-with-savepoint makes the savepoint
     // the last commit of the old layout, so nothing after it is bridged twice.
-    let mut producer = std::process::Command::new(kafka_script())
-        .args([
-            "tool",
-            "VerifiableProducer",
-            "--bootstrap-server",
-            b,
-            "--topic",
-            &input,
-        ])
-        .args([
-            "--max-messages",
-            "3000",
-            "--throughput",
-            "1000",
-            "--value-prefix",
-            "2",
-        ])
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
+    let mut producer = background_producer(b, &input, 3000, 1000, 2);
     assert!(wait_until(Duration::from_secs(30), || bridge
         .committed_total()
         .unwrap_or(0)
@@ -313,13 +293,7 @@ fn a_savepoint_restores_exactly_once_into_two_instances() {
         .iter()
         .map(|h| h.start_with_args(&[], &args))
         .collect();
-    let done = wait_until(Duration::from_secs(90), || {
-        bridges
-            .iter()
-            .map(|br| br.committed_total().unwrap_or(0))
-            .sum::<i64>()
-            == total
-    });
+    let done = all_committed(&bridges, total);
     assert!(
         done,
         "the two instances together commit everything:\n{}",
@@ -346,18 +320,23 @@ fn a_savepoint_restores_exactly_once_into_two_instances() {
         .iter()
         .map(|h| h.start_with_args(&[], &args))
         .collect();
-    let done = wait_until(Duration::from_secs(90), || {
-        bridges
-            .iter()
-            .map(|br| br.committed_total().unwrap_or(0))
-            .sum::<i64>()
-            == total
-    });
+    let done = all_committed(&bridges, total);
     assert!(done);
     for br in bridges.iter_mut() {
         assert!(br.stop_gracefully(Duration::from_secs(30)).success());
     }
     assert_eq!(assert_exactly_once(b, &input, b, &output) as i64, total);
+}
+
+/// Waits until the instances' committed positions together reach `total`.
+fn all_committed(bridges: &[Bridge], total: i64) -> bool {
+    wait_until(Duration::from_secs(90), || {
+        bridges
+            .iter()
+            .map(|br| br.committed_total().unwrap_or(0))
+            .sum::<i64>()
+            == total
+    })
 }
 
 #[test]

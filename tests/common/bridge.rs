@@ -277,6 +277,16 @@ impl Bridge {
         );
     }
 
+    /// Waits until the bridge reports checkpoint `id` or a later one; panics with its log if not.
+    pub fn wait_checkpoint(&self, id: u64, deadline: Duration) {
+        let ok = wait_until(deadline, || self.last_checkpoint_id().unwrap_or(0) >= id);
+        assert!(
+            ok,
+            "no checkpoint {id} within {deadline:?}:\n{}",
+            tail(&self.log_text(), 30)
+        );
+    }
+
     /// SIGTERM, then the exit status within `deadline`.
     pub fn stop_gracefully(&mut self, deadline: Duration) -> ExitStatus {
         self.sigterm();

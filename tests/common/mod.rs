@@ -181,37 +181,61 @@ pub fn console_consume(
     read_committed: bool,
     idle: Duration,
 ) -> Vec<Seen> {
-    let idle_ms = idle.as_millis().to_string();
+    let out = Command::new(kafka_script())
+        .args(console_args(bootstrap, topic, read_committed, idle))
+        .output()
+        .expect("scripts/kafka tool runs");
+    // The console consumer exits non-zero when its idle timeout fires; its output is what counts.
+    parse_console_lines(&String::from_utf8_lossy(&out.stdout))
+}
+
+/// The read_committed console consumer in the background, writing to `out` until idle for `idle`.
+pub fn spawn_console_consumer(
+    bootstrap: &str,
+    topic: &str,
+    idle: Duration,
+    out: &Path,
+) -> std::process::Child {
+    Command::new(kafka_script())
+        .args(console_args(bootstrap, topic, true, idle))
+        .stdout(std::fs::File::create(out).expect("reader output file"))
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("console consumer starts")
+}
+
+/// scripts/kafka arguments for the console consumer printing `Partition:P|Offset:O|KEY|VALUE`.
+fn console_args(bootstrap: &str, topic: &str, read_committed: bool, idle: Duration) -> Vec<String> {
     let isolation = if read_committed {
         "read_committed"
     } else {
         "read_uncommitted"
     };
-    let out = kafka_tool(
+    let idle_ms = idle.as_millis().to_string();
+    [
+        "tool",
         "ConsoleConsumer",
-        &[
-            "--bootstrap-server",
-            bootstrap,
-            "--topic",
-            topic,
-            "--from-beginning",
-            "--isolation-level",
-            isolation,
-            "--timeout-ms",
-            &idle_ms,
-            "--property",
-            "print.partition=true",
-            "--property",
-            "print.offset=true",
-            "--property",
-            "print.key=true",
-            "--property",
-            "key.separator=|",
-        ],
-    );
-    // The console consumer exits non-zero when its idle timeout fires; its output is what counts.
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    parse_console_lines(&stdout)
+        "--bootstrap-server",
+        bootstrap,
+        "--topic",
+        topic,
+        "--from-beginning",
+        "--isolation-level",
+        isolation,
+        "--timeout-ms",
+        &idle_ms,
+        "--property",
+        "print.partition=true",
+        "--property",
+        "print.offset=true",
+        "--property",
+        "print.key=true",
+        "--property",
+        "key.separator=|",
+    ]
+    .iter()
+    .map(|a| a.to_string())
+    .collect()
 }
 
 /// Parses `Partition:P|Offset:O|KEY|VALUE` lines (the formatter's separator is `|`).
@@ -274,6 +298,58 @@ pub fn verifiable_produce(
         args.extend_from_slice(&["--value-prefix", &p]);
     }
     kafka_tool("VerifiableProducer", &args)
+}
+
+/// Kafka's VerifiableProducer in the background: `count` sequenced records ("PREFIX.N") at `rate`
+/// records/s, for tests where input keeps arriving while something else happens.
+pub fn background_producer(
+    bootstrap: &str,
+    topic: &str,
+    count: u64,
+    rate: u64,
+    prefix: u32,
+) -> std::process::Child {
+    Command::new(kafka_script())
+        .args([
+            "tool",
+            "VerifiableProducer",
+            "--bootstrap-server",
+            bootstrap,
+            "--topic",
+            topic,
+        ])
+        .args([
+            "--max-messages",
+            &count.to_string(),
+            "--throughput",
+            &rate.to_string(),
+        ])
+        .args(["--acks", "-1", "--value-prefix", &prefix.to_string()])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("VerifiableProducer starts")
+}
+
+/// The state of a transactional id as Kafka's TransactionsCommand describes it (Empty, Ongoing,
+/// CompleteCommit, CompleteAbort, ...), None if it cannot be described.
+pub fn transaction_state(bootstrap: &str, transactional_id: &str) -> Option<String> {
+    let out = kafka_tool(
+        "TransactionsCommand",
+        &[
+            "--bootstrap-server",
+            bootstrap,
+            "describe",
+            "--transactional-id",
+            transactional_id,
+        ],
+    );
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    let mut lines = text.lines().filter(|l| !l.trim().is_empty());
+    let header: Vec<&str> = lines.next()?.split_whitespace().collect();
+    let row: Vec<&str> = lines.next()?.split_whitespace().collect();
+    let idx = header.iter().position(|h| *h == "TransactionState")?;
+    row.get(idx).map(|s| s.to_string())
 }
 
 /// Polls `cond` until it holds or `deadline` passes; returns whether it held.
