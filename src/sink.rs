@@ -101,6 +101,9 @@ impl ProducerContext for SinkContext {
     }
 }
 
+/// A record librdkafka would not take, handed back with the reason.
+type Refused<'r, K, P> = (KafkaError, BaseRecord<'r, K, P, Box<SourceRef>>);
+
 /// How the sink writes: in transactions (exactly-once) or with a plain idempotent producer.
 #[derive(Clone, Debug)]
 pub struct SinkSettings {
@@ -351,7 +354,7 @@ impl Sink {
     fn enqueue<'r, K, P>(
         &self,
         mut record: BaseRecord<'r, K, P, Box<SourceRef>>,
-    ) -> std::result::Result<(), (KafkaError, BaseRecord<'r, K, P, Box<SourceRef>>)>
+    ) -> std::result::Result<(), Refused<'r, K, P>>
     where
         K: ToBytes + ?Sized,
         P: ToBytes + ?Sized,
