@@ -680,6 +680,8 @@ impl<'a> Pipeline<'a> {
         let barrier = Instant::now();
         self.last_barrier = barrier;
         let deadline = barrier + cfg.checkpoint.timeout;
+        // One time for the checkpoint and its savepoint reply.
+        let barrier_ms = now_ms();
         let checkpoint = |state| Checkpoint {
             id,
             bridge_id: cfg.bridge.id.clone(),
@@ -687,7 +689,7 @@ impl<'a> Pipeline<'a> {
             instances: cfg.bridge.instances,
             state,
             positions: current.clone(),
-            created_ms: now_ms(),
+            created_ms: barrier_ms,
             savepoint: savepoint_name.clone(),
         };
         match cfg.bridge.delivery {
@@ -699,7 +701,7 @@ impl<'a> Pipeline<'a> {
                     instances: cfg.bridge.instances,
                     checkpoint_id: id,
                     positions: current.clone(),
-                    time_ms: now_ms(),
+                    time_ms: barrier_ms,
                 };
                 self.sink.send_marker(&marker)?;
                 failpoint::hit("after-marker");
