@@ -594,8 +594,11 @@ impl<'a> Pipeline<'a> {
         let id = self.last_id + 1;
         let cfg = self.cfg.clone();
         let epoch_start = Instant::now();
+        // Barriers follow the interval; but when a checkpoint took longer than the interval, the
+        // next epoch still reads for a quarter of it, so that slow commits never starve reading.
         let barrier_at = (self.last_barrier + cfg.checkpoint.interval)
-            .max(epoch_start + cfg.checkpoint.min_pause);
+            .max(epoch_start + cfg.checkpoint.min_pause)
+            .max(epoch_start + cfg.checkpoint.interval / 4);
         status::update(&self.shared.status, |s| {
             s.epoch_started_at = Some(epoch_start);
             s.heartbeat = epoch_start;
