@@ -1,0 +1,396 @@
+"""Shared plumbing of bench/run and bench/recovery (Python 3 standard library only).
+
+Processes, a local broker, topics, eos-bridge configurations, /proc sampling of CPU time and peak
+RSS, and progress tracking. Nothing here decides what is measured; run and recovery do.
+"""
+
+import json
+import os
+import random
+import shutil
+import signal
+import socket
+import string
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BENCH = os.path.join(ROOT, "bench")
+RELEASE = os.path.join(ROOT, "target", "release")
+BRIDGE_BIN = os.path.join(RELEASE, "eos-bridge")
+EXAMPLES = os.path.join(RELEASE, "examples")
+KSTREAMS_DIR = os.path.join(BENCH, "kstreams")
+KAFKA_SCRIPT = os.path.join(ROOT, "scripts", "kafka")
+KAFKA_CACHE = os.environ.get("EOS_BRIDGE_KAFKA_CACHE", os.path.join(ROOT, ".cache", "kafka"))
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+def log(*a):
+    print(*a, file=sys.stderr, flush=True)
+
+
+def now_ms():
+    return time.time() * 1000.0
+
+
+def rand_suffix(n=6):
+    return "".join(random.choice(string.ascii_lowercase + string.digits) for _ in range(n))
+
+
+def free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+# ---------------------------------------------------------------------------------------------
+# /proc sampling
+
+
+def cpu_seconds(pid):
+    """utime + stime of a live process, in seconds (None when it is gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            data = f.read()
+    except OSError:
+        return None
+    fields = data[data.rindex(")") + 2:].split()
+    # fields[0] is field 3 (state); utime and stime are fields 14 and 15.
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK
+
+
+def status_kb(pid, key):
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith(key + ":"):
+                    return int(line.split()[1])
+    except OSError:
+        return None
+    return None
+
+
+def peak_rss_mb(pid):
+    kb = status_kb(pid, "VmHWM")
+    return None if kb is None else kb / 1024.0
+
+
+def rss_mb(pid):
+    kb = status_kb(pid, "VmRSS")
+    return None if kb is None else kb / 1024.0
+
+
+class Sampler:
+    """Keeps the last /proc reading of a process, so that its totals survive its exit."""
+
+    def __init__(self, pid, period=0.2):
+        self.pid = pid
+        self.cpu = cpu_seconds(pid) or 0.0
+        self.hwm = peak_rss_mb(pid) or 0.0
+        self._stop = threading.Event()
+        self._t = threading.Thread(target=self._run, args=(period,), daemon=True)
+        self._t.start()
+
+    def _run(self, period):
+        while not self._stop.wait(period):
+            self.sample()
+
+    def sample(self):
+        c = cpu_seconds(self.pid)
+        if c is not None:
+            self.cpu = c
+        h = peak_rss_mb(self.pid)
+        if h is not None:
+            self.hwm = max(self.hwm, h)
+        return self.cpu
+
+    def stop(self):
+        self._stop.set()
+
+
+# ---------------------------------------------------------------------------------------------
+# Builds
+
+
+def build(skip=False):
+    if skip:
+        return
+    log("build: cargo build --release --examples --bin eos-bridge")
+    subprocess.run(["cargo", "build", "--release", "--quiet", "--examples", "--bin", "eos-bridge"],
+                   cwd=ROOT, check=True)
+    jar = os.path.join(KSTREAMS_DIR, "target", "eos-bench-kstreams-0.jar")
+    src = os.path.join(KSTREAMS_DIR, "src", "main", "java", "eosbench", "Copy.java")
+    pom = os.path.join(KSTREAMS_DIR, "pom.xml")
+    if (not os.path.exists(jar) or os.path.getmtime(jar) < max(os.path.getmtime(src), os.path.getmtime(pom))
+            or not os.path.isdir(os.path.join(KSTREAMS_DIR, "target", "lib"))):
+        log("build: mvn -q package (bench/kstreams)")
+        subprocess.run(["mvn", "-q", "-B", "-f", pom, "package"], check=True)
+    subprocess.run([KAFKA_SCRIPT, "fetch"], check=True, stdout=subprocess.DEVNULL)
+
+
+def kafka_lib():
+    out = subprocess.run([KAFKA_SCRIPT, "fetch"], check=True, capture_output=True, text=True).stdout
+    return out.strip().splitlines()[-1]
+
+
+# ---------------------------------------------------------------------------------------------
+# Broker
+
+
+class Broker:
+    def __init__(self, name):
+        self.name = name
+        self.bootstrap = None
+        self.pid = None
+
+    def start(self, heap=None):
+        env = dict(os.environ)
+        if heap:
+            env["EOS_BRIDGE_KAFKA_HEAP"] = heap
+        out = subprocess.run([KAFKA_SCRIPT, "start", "--name", self.name, "--fresh"], check=True,
+                             capture_output=True, text=True, env=env).stdout
+        self.bootstrap = out.strip().splitlines()[-1]
+        with open(os.path.join(KAFKA_CACHE, "run", self.name, "pid")) as f:
+            self.pid = int(f.read().strip())
+        log(f"broker '{self.name}' up at {self.bootstrap} (pid {self.pid})")
+        return self
+
+    def stop(self):
+        subprocess.run([KAFKA_SCRIPT, "stop", "--name", self.name, "--purge"], check=False)
+
+
+# ---------------------------------------------------------------------------------------------
+# Helper programs (cargo examples)
+
+
+def example(name):
+    return os.path.join(EXAMPLES, name)
+
+
+def probe(*args, check=True):
+    r = subprocess.run([example("bench_probe"), *map(str, args)], capture_output=True, text=True)
+    if check and r.returncode != 0:
+        raise RuntimeError(f"bench_probe {' '.join(map(str, args))} failed: {r.stderr.strip()}")
+    return r.stdout.strip()
+
+
+def create_topics(bootstrap, partitions, *topics):
+    probe("create", "--bootstrap", bootstrap, "--partitions", partitions, *topics)
+
+
+def delete_topics(bootstrap, *topics):
+    probe("delete", "--bootstrap", bootstrap, *topics, check=False)
+
+
+def end_offsets(bootstrap, topic):
+    return int(probe("end", "--bootstrap", bootstrap, topic))
+
+
+def count_committed(bootstrap, topic):
+    return int(probe("count", "--bootstrap", bootstrap, topic))
+
+
+def java_tool(lib, cls, args, log_path):
+    """Runs a Kafka CLI class with full JIT (scripts/kafka tool limits the JIT to start fast).
+    Returns (stdout, cpu seconds, peak RSS MB, wall seconds) of the JVM."""
+    cmd = ["java", "-Xms64m", "-Xmx512m", "-XX:+UseG1GC",
+           f"-Dlog4j2.configurationFile={ROOT}/scripts/kafka-deps/log4j2.properties",
+           "-Deos.kafka.loglevel=WARN", "-cp", os.path.join(lib, "*"), cls, *map(str, args)]
+    t0 = time.time()
+    with open(log_path, "ab") as err:
+        p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err)
+        out = p.stdout.read().decode()
+        _, status, ru = os.wait4(p.pid, 0)
+        p.returncode = os.waitstatus_to_exitcode(status)
+    wall = time.time() - t0
+    if p.returncode != 0:
+        raise RuntimeError(f"{cls} failed (exit {p.returncode}); see {log_path}")
+    return out, ru.ru_utime + ru.ru_stime, ru.ru_maxrss / 1024.0, wall
+
+
+# ---------------------------------------------------------------------------------------------
+# Processes with line-oriented stdout
+
+
+class Proc:
+    """A child process whose stdout lines are collected (with their arrival time) by a thread."""
+
+    def __init__(self, cmd, log_path, env=None, cwd=None):
+        self.cmd = cmd
+        self.errf = open(log_path, "ab")
+        self.p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=self.errf, env=env, cwd=cwd,
+                                  start_new_session=True)
+        self.pid = self.p.pid
+        self.lines = []  # (arrival ms, line)
+        self.cond = threading.Condition()
+        self._t = threading.Thread(target=self._read, daemon=True)
+        self._t.start()
+
+    def _read(self):
+        for raw in self.p.stdout:
+            line = raw.decode(errors="replace").rstrip("\n")
+            with self.cond:
+                self.lines.append((now_ms(), line))
+                self.cond.notify_all()
+        with self.cond:
+            self.cond.notify_all()
+
+    def wait_line(self, prefix, timeout):
+        end = time.time() + timeout
+        seen = 0
+        with self.cond:
+            while True:
+                for _, line in self.lines[seen:]:
+                    if line.startswith(prefix):
+                        return line
+                seen = len(self.lines)
+                left = end - time.time()
+                if left <= 0 or (self.p.poll() is not None and not self._t.is_alive()):
+                    for _, line in self.lines[seen:]:
+                        if line.startswith(prefix):
+                            return line
+                    return None
+                self.cond.wait(min(left, 0.5))
+
+    def alive(self):
+        return self.p.poll() is None
+
+    def signal(self, sig):
+        if self.alive():
+            try:
+                os.kill(self.pid, sig)
+            except ProcessLookupError:
+                pass
+
+    def stop(self, timeout=30):
+        self.signal(signal.SIGTERM)
+        try:
+            self.p.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.signal(signal.SIGKILL)
+            self.p.wait()
+        self._t.join(5)
+        self.errf.close()
+
+    def kill9(self):
+        self.signal(signal.SIGKILL)
+        self.p.wait()
+        self._t.join(5)
+        self.errf.close()
+
+
+# ---------------------------------------------------------------------------------------------
+# eos-bridge
+
+
+def bridge_config(path, *, bootstrap, bridge_id, state_dir, topic_in, topic_out, interval, delivery,
+                  port):
+    with open(path, "w") as f:
+        f.write(f"""# Written by bench/: one benchmark run.
+[bridge]
+id = "{bridge_id}"
+state_dir = "{state_dir}"
+delivery = "{delivery}"
+
+[source]
+bootstrap_servers = "{bootstrap}"
+topics = ["{topic_in}"]
+start = "earliest"
+
+[sink]
+topic = "{topic_out}"
+
+[checkpoint]
+interval = "{interval}"
+
+[transaction]
+timeout = "60s"
+
+[api]
+listen = "127.0.0.1:{port}"
+""")
+
+
+def http_json(url, timeout=1.0):
+    with urllib.request.urlopen(url, timeout=timeout) as r:
+        return json.loads(r.read())
+
+
+def http_text(url, timeout=1.0):
+    with urllib.request.urlopen(url, timeout=timeout) as r:
+        return r.read().decode()
+
+
+class Bridge:
+    def __init__(self, workdir, *, bootstrap, topic_in, topic_out, interval, delivery, bridge_id=None,
+                 state_dir=None):
+        self.port = free_port()
+        self.id = bridge_id or f"bench-{rand_suffix()}"
+        self.state_dir = state_dir or tempfile.mkdtemp(prefix="state-", dir=workdir)
+        self.config = os.path.join(workdir, f"{self.id}.toml")
+        self.log = os.path.join(workdir, f"{self.id}.log")
+        bridge_config(self.config, bootstrap=bootstrap, bridge_id=self.id, state_dir=self.state_dir,
+                      topic_in=topic_in, topic_out=topic_out, interval=interval, delivery=delivery,
+                      port=self.port)
+        self.proc = None
+
+    def start(self):
+        env = dict(os.environ)
+        env.setdefault("RUST_LOG", "warn")
+        self.proc = Proc([BRIDGE_BIN, "run", "--config", self.config], self.log, env=env)
+        return self
+
+    @property
+    def pid(self):
+        return self.proc.pid
+
+    def status(self):
+        return http_json(f"http://127.0.0.1:{self.port}/api/v1/status", timeout=2.0)
+
+    def metrics(self):
+        return http_text(f"http://127.0.0.1:{self.port}/metrics", timeout=2.0)
+
+    def wait_running(self, timeout=90, poll=0.02):
+        end = time.time() + timeout
+        while time.time() < end:
+            if not self.proc.alive():
+                raise RuntimeError(f"eos-bridge exited during start-up; see {self.log}")
+            try:
+                st = self.status()
+                if st.get("state") == "running" and st.get("partitions_assigned"):
+                    return st
+                if st.get("state") == "failed":
+                    raise RuntimeError(f"eos-bridge failed: {st.get('failure')}; see {self.log}")
+            except (OSError, ValueError):
+                pass
+            time.sleep(poll)
+        raise RuntimeError(f"eos-bridge not running after {timeout}s; see {self.log}")
+
+
+def positions_sum(st):
+    return sum(p["position"] for p in st.get("partitions", []))
+
+
+# ---------------------------------------------------------------------------------------------
+# Statistics
+
+
+def median(xs):
+    xs = sorted(x for x in xs if x is not None)
+    if not xs:
+        return None
+    n = len(xs)
+    return xs[n // 2] if n % 2 else (xs[n // 2 - 1] + xs[n // 2]) / 2.0
+
+
+def spread(xs):
+    xs = [x for x in xs if x is not None]
+    if not xs:
+        return None
+    return [min(xs), max(xs)]

@@ -1,0 +1,110 @@
+//! Benchmark reader for the latency phases: reads the output topic with
+//! isolation.level=read_committed from its end, and for every record whose value starts with a
+//! scheduled send time stamped by latency_gen (µs since the Unix epoch, little endian) records
+//! "visible now" minus "scheduled" in an HDR histogram (µs, 3 significant digits). Only records
+//! scheduled in [--from-us, --to-us) count; it stops at --until-us (wall clock) and prints
+//! one JSON line: count, p50/p90/p99/p99.9/max/mean in ms.
+//!
+//! cargo run --release --example latency_reader -- --bootstrap 127.0.0.1:9092 --topic out \
+//!     --from-us … --to-us … --until-us …
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use clap::Parser;
+use hdrhistogram::Histogram;
+use rdkafka::config::ClientConfig;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::message::Message;
+use rdkafka::{Offset, TopicPartitionList};
+
+#[derive(Parser)]
+struct Args {
+    #[arg(long)]
+    bootstrap: String,
+    #[arg(long)]
+    topic: String,
+    #[arg(long)]
+    from_us: u64,
+    #[arg(long)]
+    to_us: u64,
+    #[arg(long)]
+    until_us: u64,
+    /// librdkafka fetch.wait.max.ms: the longest the broker holds a fetch with nothing new.
+    #[arg(long, default_value = "10")]
+    fetch_wait_ms: String,
+}
+
+fn now_us() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_micros() as u64
+}
+
+fn main() {
+    let a = Args::parse();
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", &a.bootstrap)
+        .set("group.id", "bench-latency-reader")
+        .set("enable.auto.commit", "false")
+        .set("isolation.level", "read_committed")
+        .set("fetch.wait.max.ms", &a.fetch_wait_ms)
+        .set("auto.offset.reset", "earliest")
+        .create()
+        .expect("consumer");
+    let md = consumer
+        .fetch_metadata(Some(&a.topic), Duration::from_secs(10))
+        .expect("metadata");
+    let mut tpl = TopicPartitionList::new();
+    for p in md.topics()[0].partitions() {
+        // The generator starts after us; what is already there (nothing, for a fresh topic) is skipped.
+        tpl.add_partition_offset(&a.topic, p.id(), Offset::End)
+            .unwrap();
+    }
+    consumer.assign(&tpl).expect("assign");
+    println!("READY {}", now_us() / 1000);
+
+    let mut h = Histogram::<u64>::new_with_bounds(1, 3_600_000_000, 3).unwrap();
+    let (mut seen, mut counted, mut before, mut after) = (0u64, 0u64, 0u64, 0u64);
+    while now_us() < a.until_us {
+        let m = match consumer.poll(Duration::from_millis(50)) {
+            None => continue,
+            Some(Err(e)) => {
+                eprintln!("latency_reader: {e}");
+                continue;
+            }
+            Some(Ok(m)) => m,
+        };
+        let now = now_us();
+        seen += 1;
+        let Some(v) = m.payload() else { continue };
+        if v.len() < 8 {
+            continue;
+        }
+        let stamp = u64::from_le_bytes(v[..8].try_into().unwrap());
+        if stamp < a.from_us {
+            before += 1;
+            continue;
+        }
+        if stamp >= a.to_us {
+            after += 1;
+            continue;
+        }
+        counted += 1;
+        h.saturating_record(now.saturating_sub(stamp).max(1));
+    }
+    let ms = |q: f64| h.value_at_quantile(q) as f64 / 1000.0;
+    println!(
+        "{{\"count\":{},\"seen\":{},\"before_window\":{},\"after_window\":{},\"p50_ms\":{:.3},\"p90_ms\":{:.3},\"p99_ms\":{:.3},\"p999_ms\":{:.3},\"max_ms\":{:.3},\"mean_ms\":{:.3}}}",
+        counted,
+        seen,
+        before,
+        after,
+        ms(0.5),
+        ms(0.9),
+        ms(0.99),
+        ms(0.999),
+        h.max() as f64 / 1000.0,
+        h.mean() / 1000.0
+    );
+}

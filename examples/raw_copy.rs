@@ -1,0 +1,217 @@
+//! Benchmark phase C1: the minimal at-least-once copy that eos-bridge is measured against.
+//!
+//! One thread, the same shape as the bridge's pipeline: a `BaseConsumer` assigned every partition
+//! of the input topic (read_committed, like the bridge), and a `ThreadedProducer` with the bridge's
+//! batching settings (linger.ms=5, batch.size=1000000, lz4, idempotence). Each record keeps its
+//! partition, key, headers and timestamp. Every `--commit-ms` it waits until every record sent is
+//! acknowledged, then commits the consumed positions to a consumer group: at-least-once, no
+//! transactions.
+//!
+//! Output on stdout (read by bench/run):
+//!   READY <epoch ms>                 partitions assigned, about to poll
+//!   P <epoch ms> <acked records>     every --progress-ms: records acknowledged by the broker
+//!   DONE <epoch ms> <acked records>  with --until-end: every record present at start copied and acked
+//!
+//! cargo run --release --example raw_copy -- --bootstrap 127.0.0.1:9092 --input in --output out --until-end
+
+use std::collections::HashMap;
+use std::io::Write;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use clap::Parser;
+use rdkafka::config::ClientConfig;
+use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::message::Message;
+use rdkafka::producer::{BaseRecord, DeliveryResult, Producer, ProducerContext, ThreadedProducer};
+use rdkafka::{ClientContext, Offset, TopicPartitionList};
+
+#[derive(Parser)]
+struct Args {
+    #[arg(long)]
+    bootstrap: String,
+    #[arg(long)]
+    input: String,
+    #[arg(long)]
+    output: String,
+    #[arg(long, default_value = "bench-raw-copy")]
+    group: String,
+    /// Flush the producer and commit positions this often.
+    #[arg(long, default_value_t = 1000)]
+    commit_ms: u64,
+    #[arg(long, default_value_t = 50)]
+    progress_ms: u64,
+    /// Stop once every record present at start has been copied and acknowledged.
+    #[arg(long)]
+    until_end: bool,
+}
+
+#[derive(Default)]
+struct Ctx {
+    acked: AtomicU64,
+    failed: AtomicU64,
+}
+
+impl ClientContext for Ctx {}
+
+impl ProducerContext for Ctx {
+    type DeliveryOpaque = ();
+    fn delivery(&self, r: &DeliveryResult<'_>, _: ()) {
+        match r {
+            Ok(_) => self.acked.fetch_add(1, Ordering::Relaxed),
+            Err(_) => self.failed.fetch_add(1, Ordering::Relaxed),
+        };
+    }
+}
+
+/// Waits until every record sent is acknowledged. Not `Producer::flush`: rdkafka's flush polls the
+/// producer's queue in 100 ms slices, and with a `ThreadedProducer` its own thread takes the
+/// delivery events, so each flush sleeps a whole slice (see examples/flush_latency.rs).
+fn wait_acked(producer: &ThreadedProducer<Ctx>) {
+    let end = Instant::now() + Duration::from_secs(60);
+    while producer.in_flight_count() > 0 {
+        assert!(Instant::now() < end, "records not acknowledged within 60 s");
+        std::thread::sleep(Duration::from_micros(200));
+    }
+}
+
+fn now_ms() -> u128 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_millis()
+}
+
+fn main() {
+    let a = Args::parse();
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", &a.bootstrap)
+        .set("group.id", &a.group)
+        .set("enable.auto.commit", "false")
+        .set("enable.auto.offset.store", "false")
+        .set("isolation.level", "read_committed")
+        .set("auto.offset.reset", "earliest")
+        .create()
+        .expect("consumer");
+    let producer: ThreadedProducer<Ctx> = ClientConfig::new()
+        .set("bootstrap.servers", &a.bootstrap)
+        .set("linger.ms", "5")
+        .set("batch.size", "1000000")
+        .set("compression.type", "lz4")
+        .set("enable.idempotence", "true")
+        .create_with_context(Ctx::default())
+        .expect("producer");
+    let ctx: Arc<Ctx> = producer.context().clone();
+
+    let md = consumer
+        .fetch_metadata(Some(&a.input), Duration::from_secs(10))
+        .expect("metadata");
+    let parts: Vec<i32> = md.topics()[0].partitions().iter().map(|p| p.id()).collect();
+    assert!(
+        !parts.is_empty(),
+        "input topic {} has no partitions",
+        a.input
+    );
+    let mut tpl = TopicPartitionList::new();
+    let mut target: HashMap<i32, i64> = HashMap::new();
+    for &p in &parts {
+        tpl.add_partition_offset(&a.input, p, Offset::Beginning)
+            .unwrap();
+        if a.until_end {
+            let (_, hi) = consumer
+                .fetch_watermarks(&a.input, p, Duration::from_secs(10))
+                .expect("watermarks");
+            target.insert(p, hi);
+        }
+    }
+    consumer.assign(&tpl).expect("assign");
+    let total: i64 = target.values().sum();
+    let mut next: HashMap<i32, i64> = parts.iter().map(|&p| (p, 0)).collect();
+    let mut copied: i64 = 0;
+
+    let out = std::io::stdout();
+    println!("READY {}", now_ms());
+    out.lock().flush().ok();
+
+    let progress_every = Duration::from_millis(a.progress_ms);
+    let commit_every = Duration::from_millis(a.commit_ms);
+    let mut last_progress = Instant::now();
+    let mut last_commit = Instant::now();
+    let commit = |next: &HashMap<i32, i64>, mode| {
+        let mut t = TopicPartitionList::new();
+        for (&p, &o) in next {
+            if o > 0 {
+                t.add_partition_offset(&a.input, p, Offset::Offset(o))
+                    .unwrap();
+            }
+        }
+        if t.count() > 0 {
+            let _ = consumer.commit(&t, mode);
+        }
+    };
+    loop {
+        if a.until_end && copied >= total {
+            wait_acked(&producer);
+            commit(&next, CommitMode::Sync);
+            let acked = ctx.acked.load(Ordering::Relaxed);
+            println!("P {} {}", now_ms(), acked);
+            println!("DONE {} {}", now_ms(), acked);
+            let failed = ctx.failed.load(Ordering::Relaxed);
+            if failed > 0 {
+                eprintln!("raw_copy: {failed} deliveries failed");
+                std::process::exit(1);
+            }
+            return;
+        }
+        if last_progress.elapsed() >= progress_every {
+            println!("P {} {}", now_ms(), ctx.acked.load(Ordering::Relaxed));
+            out.lock().flush().ok();
+            last_progress = Instant::now();
+        }
+        if last_commit.elapsed() >= commit_every {
+            // At-least-once: positions are committed only after everything before them is acked.
+            wait_acked(&producer);
+            commit(&next, CommitMode::Async);
+            last_commit = Instant::now();
+        }
+        let msg = match consumer.poll(Duration::from_millis(50)) {
+            None => continue,
+            Some(Err(e)) => {
+                eprintln!("raw_copy: consumer error: {e}");
+                continue;
+            }
+            Some(Ok(m)) => m,
+        };
+        let p = msg.partition();
+        let headers = msg.headers().map(|h| h.detach());
+        let mut rec: BaseRecord<'_, [u8], [u8], ()> = BaseRecord::to(&a.output).partition(p);
+        if let Some(k) = msg.key() {
+            rec = rec.key(k);
+        }
+        if let Some(v) = msg.payload() {
+            rec = rec.payload(v);
+        }
+        if let Some(h) = headers {
+            rec = rec.headers(h);
+        }
+        if let Some(ts) = msg.timestamp().to_millis() {
+            rec = rec.timestamp(ts);
+        }
+        loop {
+            match producer.send(rec) {
+                Ok(()) => break,
+                Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), back)) => {
+                    rec = back;
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+                Err((e, _)) => panic!("produce: {e}"),
+            }
+        }
+        next.insert(p, msg.offset() + 1);
+        if a.until_end && msg.offset() < target[&p] {
+            copied += 1;
+        }
+    }
+}
