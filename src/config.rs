@@ -40,7 +40,15 @@ pub const ENV_PREFIX: &str = "EOS_BRIDGE";
 pub const ENV_SEPARATOR: &str = "__";
 /// The only placeholder of `sink.topic`.
 pub const SOURCE_TOPIC_PLACEHOLDER: &str = "{source_topic}";
+/// Prefix of the default marker topic; the bridge id follows it (see [`default_marker_topic`]).
 pub const DEFAULT_MARKER_TOPIC: &str = "__eos_bridge_markers";
+
+/// The marker topic a bridge uses unless `sink.marker_topic` names one: a topic per bridge id,
+/// so that no other bridge's transaction can ever sit in an instance's marker partition and hold
+/// back the last stable offset its recovery reads up to.
+pub fn default_marker_topic(bridge_id: &str) -> String {
+    format!("{DEFAULT_MARKER_TOPIC}.{bridge_id}")
+}
 
 /// How the `config` crate names the origin of a value that came from its `Environment` source.
 const ENV_ORIGIN: &str = "the environment";
@@ -1166,7 +1174,7 @@ impl Loader {
                 .map_or(Partitioning::Preserve, |Parse(v)| v),
             marker_topic: self
                 .take("sink.marker_topic", k.marker_topic)
-                .unwrap_or_else(|| DEFAULT_MARKER_TOPIC.to_string()),
+                .unwrap_or_else(|| default_marker_topic(&bridge.id)),
             kafka: sink_kafka,
         };
         let dc = CheckpointConfig::default();
@@ -1374,8 +1382,9 @@ impl Loader {
                 self.fail(
                     "sink.marker_topic",
                     format!(
-                        "{:?} {why}: use e.g. {DEFAULT_MARKER_TOPIC:?}",
-                        sink.marker_topic
+                        "{:?} {why}: leave it unset for the default {:?}",
+                        sink.marker_topic,
+                        default_marker_topic(&c.bridge.id)
                     ),
                 );
             }
@@ -1411,7 +1420,8 @@ impl Loader {
                 self.fail(
                     "sink.marker_topic",
                     format!(
-                        "{topic:?} is also a sink topic: commit markers must have a topic of their own; use e.g. {DEFAULT_MARKER_TOPIC:?}"
+                        "{topic:?} is also a sink topic: commit markers must have a topic of their own; leave it unset for the default {:?}",
+                        default_marker_topic(&c.bridge.id)
                     ),
                 );
             }
@@ -2027,7 +2037,7 @@ mod tests {
         assert!(c.source.kafka.is_empty());
         assert_eq!(c.sink.topic, "{source_topic}");
         assert_eq!(c.sink.partitioning, Partitioning::Preserve);
-        assert_eq!(c.sink.marker_topic, "__eos_bridge_markers");
+        assert_eq!(c.sink.marker_topic, format!("__eos_bridge_markers.{}", c.bridge.id));
         assert!(c.sink.kafka.is_empty());
         assert_eq!(c.checkpoint, CheckpointConfig::default());
         assert_eq!(c.checkpoint.interval, Duration::from_secs(1));

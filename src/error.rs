@@ -107,6 +107,47 @@ pub enum BridgeError {
         timeout: Duration,
     },
 
+    #[error(
+        "commit marker topic '{topic}' partition {partition} holds a record with key '{found_key}' at offset \
+         {offset}, but only this instance ('{our_key}') may write there: another bridge or instance shares the \
+         marker partition, and its open transactions can hide this instance's newest marker from recovery. Give \
+         every bridge a marker topic of its own: leave sink.marker_topic unset (the default is \
+         __eos_bridge_markers.<bridge id>) or name a topic that no other bridge uses"
+    )]
+    MarkerTopicShared {
+        topic: String,
+        partition: i32,
+        offset: i64,
+        found_key: String,
+        our_key: String,
+    },
+
+    #[error(
+        "a transaction of another producer has held back commit marker topic '{topic}' partition {partition} \
+         for {waited:?} (last stable offset {last_stable_offset}, high watermark {high_watermark}), longer than \
+         any transaction may stay open on the sink cluster, so recovery cannot prove which checkpoint committed \
+         last. Find and abort the hanging transaction with kafka-transactions.sh (find-hanging --broker-id N, then \
+         abort --topic {topic} --partition {partition} --start-offset OFFSET), then restart"
+    )]
+    MarkerPartitionUnstable {
+        topic: String,
+        partition: i32,
+        last_stable_offset: i64,
+        high_watermark: i64,
+        waited: Duration,
+    },
+
+    #[error(
+        "reading the commit marker of '{key}' from {topic}/{partition} took longer than {timeout:?}; \
+         retrying (is the sink cluster reachable?)"
+    )]
+    MarkerReadTimeout {
+        key: String,
+        topic: String,
+        partition: i32,
+        timeout: Duration,
+    },
+
     #[error("{0}")]
     Setup(String),
 }
@@ -129,6 +170,7 @@ impl BridgeError {
                 _ => Action::Abort,
             },
             BridgeError::CheckpointTimeout { .. } => Action::Abort,
+            BridgeError::MarkerReadTimeout { .. } => Action::Rebuild,
             BridgeError::Fenced { .. }
             | BridgeError::Unauthorized { .. }
             | BridgeError::Config(_)
@@ -136,12 +178,14 @@ impl BridgeError {
             | BridgeError::Recovery(_)
             | BridgeError::PoisonRecord { .. }
             | BridgeError::OffsetOutOfRange { .. }
+            | BridgeError::MarkerTopicShared { .. }
+            | BridgeError::MarkerPartitionUnstable { .. }
             | BridgeError::Setup(_) => Action::Stop,
         }
     }
 
     /// Every value `reason()` can return, so that metrics can show each at zero from the start.
-    pub const REASONS: [&'static str; 11] = [
+    pub const REASONS: [&'static str; 14] = [
         "kafka_error",
         "delivery_error",
         "checkpoint_timeout",
@@ -152,6 +196,9 @@ impl BridgeError {
         "poison_record",
         "offset_out_of_range",
         "config",
+        "marker_topic_shared",
+        "marker_partition_unstable",
+        "marker_read_timeout",
         "setup",
     ];
 
@@ -168,6 +215,9 @@ impl BridgeError {
             BridgeError::PoisonRecord { .. } => "poison_record",
             BridgeError::OffsetOutOfRange { .. } => "offset_out_of_range",
             BridgeError::Config(_) => "config",
+            BridgeError::MarkerTopicShared { .. } => "marker_topic_shared",
+            BridgeError::MarkerPartitionUnstable { .. } => "marker_partition_unstable",
+            BridgeError::MarkerReadTimeout { .. } => "marker_read_timeout",
             BridgeError::Setup(_) => "setup",
         }
     }

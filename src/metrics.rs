@@ -4,7 +4,7 @@
 //! metric anywhere else, so /metrics, the dashboard and the alert rules have one list to agree on.
 
 use prometheus::{
-    Encoder, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts,
+    Counter, Encoder, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts,
     Registry, TextEncoder,
 };
 
@@ -25,6 +25,9 @@ pub struct Metrics {
     pub dead_lettered: IntCounter,
     pub records_lost: IntCounterVec,
     pub corrupt_checkpoints: IntCounter,
+    pub marker_wait_seconds: Counter,
+    pub in_flight_limit_bytes: IntGauge,
+    pub epochs_ended: IntCounterVec,
     pub build_info: IntGaugeVec,
 }
 
@@ -152,6 +155,24 @@ impl Metrics {
                 "Stored checkpoints that failed to decode or their checksum, skipped at recovery.",
             ))
             .unwrap(),
+            marker_wait_seconds: Counter::with_opts(opts(
+                "marker_wait_seconds_total",
+                "Time recovery waited for other producers' transactions on the marker partition.",
+            ))
+            .unwrap(),
+            in_flight_limit_bytes: IntGauge::with_opts(opts(
+                "in_flight_limit_bytes",
+                "Current bound on output bytes handed to the sink producer and not yet acknowledged.",
+            ))
+            .unwrap(),
+            epochs_ended: IntCounterVec::new(
+                opts(
+                    "epochs_ended_total",
+                    "Epochs by what ended them (interval, size, shutdown).",
+                ),
+                &["trigger"],
+            )
+            .unwrap(),
             build_info: IntGaugeVec::new(
                 opts("build_info", "Always 1; labels name the build."),
                 &["version"],
@@ -164,6 +185,9 @@ impl Metrics {
         // then see them before the first event, not only after it.
         for result in ["completed", "aborted", "failed"] {
             m.checkpoints.with_label_values(&[result]);
+        }
+        for trigger in ["interval", "size", "shutdown"] {
+            m.epochs_ended.with_label_values(&[trigger]);
         }
         for reason in crate::error::BridgeError::REASONS {
             m.transactions_aborted.with_label_values(&[reason]);
@@ -199,6 +223,9 @@ impl Metrics {
             Box::new(self.dead_lettered.clone()),
             Box::new(self.records_lost.clone()),
             Box::new(self.corrupt_checkpoints.clone()),
+            Box::new(self.marker_wait_seconds.clone()),
+            Box::new(self.in_flight_limit_bytes.clone()),
+            Box::new(self.epochs_ended.clone()),
             Box::new(self.build_info.clone()),
             Box::new(prometheus::process_collector::ProcessCollector::for_self()),
         ];

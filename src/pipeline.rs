@@ -36,6 +36,9 @@ use crate::transform::Router;
 const DISCOVERY_INTERVAL: Duration = Duration::from_secs(10);
 /// How long init_transactions and the marker read may take before the attempt counts as failed.
 const CONNECT_DEADLINE: Duration = Duration::from_secs(60);
+/// Beyond the broker's transaction.max.timeout.ms: the coordinator's sweep for expired
+/// transactions (10 s by default) and the time to write their abort markers.
+const FOREIGN_TRANSACTION_MARGIN: Duration = Duration::from_secs(60);
 /// Epochs failing on the same record with a permanent error before the bridge gives up on it.
 const POISON_ATTEMPTS: u32 = 3;
 /// Every n-th record's timestamp feeds the end-to-end latency histogram.
@@ -165,12 +168,17 @@ impl<'a> Pipeline<'a> {
         let exactly_once = cfg.bridge.delivery == Delivery::ExactlyOnce;
 
         // The timeout rule, before anything is consumed.
+        let mut foreign_transaction_wait = Duration::ZERO;
         if exactly_once {
             let max = shared
                 .runtime
                 .block_on(admin.transaction_max_timeout_ms())?;
             cfg.check_broker_timeout(max)
                 .map_err(|e| BridgeError::Config(crate::config::ConfigErrors(vec![e])))?;
+            // No transaction on the sink cluster outlives the broker's maximum timeout plus the
+            // coordinator's sweep for expired ones (10 s by default): past that, something hangs.
+            foreign_transaction_wait =
+                Duration::from_millis(max.max(0) as u64) + FOREIGN_TRANSACTION_MARGIN;
         }
 
         let store = shared.store.clone();
@@ -192,6 +200,7 @@ impl<'a> Pipeline<'a> {
             transaction_timeout: cfg.transaction.timeout,
             marker_topic: cfg.sink.marker_topic.clone(),
             marker_partition,
+            foreign_transaction_wait,
             bridge_id: cfg.bridge.id.clone(),
             instance: cfg.bridge.instance,
         };
@@ -291,7 +300,27 @@ impl<'a> Pipeline<'a> {
             self.store.remove_key(&c.key)?;
         }
         let mut marker = if self.exactly_once() {
-            self.sink.read_newest_marker(CONNECT_DEADLINE)?
+            let status = &self.shared.status;
+            let metrics = &self.shared.metrics;
+            let mut waited = Duration::ZERO;
+            let read = self.sink.read_newest_marker(CONNECT_DEADLINE, &mut |wait| {
+                if let Some(w) = wait {
+                    metrics
+                        .marker_wait_seconds
+                        .inc_by(w.waited.saturating_sub(waited).as_secs_f64());
+                    waited = w.waited;
+                }
+                let why = wait.map(|w| {
+                    format!(
+                        "waiting for another producer's transaction on marker partition {}/{} \
+                         (last stable offset {} < high watermark {}) for {:?}",
+                        w.topic, w.partition, w.last_stable_offset, w.high_watermark, w.waited
+                    )
+                });
+                status::update(status, |s| s.recovery_wait = why);
+            });
+            status::update(status, |s| s.recovery_wait = None);
+            read?
         } else {
             None
         };

@@ -114,6 +114,9 @@ pub struct SinkSettings {
     pub transaction_timeout: Duration,
     pub marker_topic: String,
     pub marker_partition: i32,
+    /// How long recovery may wait for other producers' transactions on the marker partition:
+    /// longer than any transaction can stay open on the sink cluster.
+    pub foreign_transaction_wait: Duration,
     pub bridge_id: String,
     pub instance: u32,
 }
@@ -509,8 +512,17 @@ impl Sink {
     /// Reads this instance's newest committed commit marker (read_committed), scanning backwards
     /// from the last stable offset of its marker partition in windows, so that recovery costs the
     /// same however long the marker topic has grown since its last compaction.
-    pub fn read_newest_marker(&self, timeout: Duration) -> Result<Option<Marker>> {
-        read_newest_marker(&self.settings, timeout)
+    pub fn read_newest_marker(
+        &self,
+        timeout: Duration,
+        report: MarkerWait<'_>,
+    ) -> Result<Option<Marker>> {
+        read_newest_marker(
+            &self.settings,
+            timeout,
+            self.settings.foreign_transaction_wait,
+            report,
+        )
     }
 }
 
@@ -523,29 +535,136 @@ fn classify_kafka_err(e: &BridgeError) -> Action {
 
 const MARKER_WINDOW: i64 = 256;
 
-pub fn read_newest_marker(s: &SinkSettings, timeout: Duration) -> Result<Option<Marker>> {
+/// What the marker read reports while it waits for other producers' transactions to finish.
+pub type MarkerWait<'a> = &'a mut dyn FnMut(Option<&ForeignTransactionWait>);
+
+/// A marker read held back by a transaction of another producer on the marker partition.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ForeignTransactionWait {
+    pub topic: String,
+    pub partition: i32,
+    pub last_stable_offset: i64,
+    pub high_watermark: i64,
+    pub waited: Duration,
+}
+
+fn marker_reader(s: &SinkSettings, isolation: &str) -> Result<BaseConsumer> {
     let mut cc = ClientConfig::new();
     for (k, v) in &s.kafka {
         if is_client_wide(k) {
             cc.set(k, v);
         }
     }
-    let consumer: BaseConsumer = cc
-        .set("bootstrap.servers", &s.bootstrap_servers)
+    cc.set("bootstrap.servers", &s.bootstrap_servers)
         .set(
             "group.id",
             format!("eos-bridge.{}.marker-reader", s.bridge_id),
         )
         .set("enable.auto.commit", "false")
-        .set("isolation.level", "read_committed")
+        .set("isolation.level", isolation)
         .set("enable.partition.eof", "true")
         .set("auto.offset.reset", "earliest")
         .create()
-        .map_err(|e| BridgeError::kafka("create marker reader", e))?;
-    let end_at = Instant::now() + timeout;
-    let (low, lso) = consumer
+        .map_err(|e| BridgeError::kafka("create marker reader", e))
+}
+
+/// Waits until the marker partition's last stable offset reaches the high watermark that the
+/// partition had when the wait began, and returns that offset.
+///
+/// Why this proves the read complete: the caller has run init_transactions, which returns only
+/// once the coordinator has finished every earlier transaction of our transactional id, so every
+/// marker we ever committed lies below the high watermark H read now. A read_committed reader
+/// sees everything below the last stable offset, and the LSO reaches H once no transaction that
+/// has a record below H is still open. Transactions that begin later start at or above H and
+/// cannot hold the LSO below it, so the wait ends when the slowest foreign transaction open now
+/// commits or is aborted, at the latest when the coordinator times it out.
+fn wait_for_stable_marker_partition(
+    s: &SinkSettings,
+    committed: &BaseConsumer,
+    deadline: Instant,
+    report: MarkerWait<'_>,
+) -> Result<i64> {
+    let t = Duration::from_secs(10);
+    let uncommitted = marker_reader(s, "read_uncommitted")?;
+    let (_, high) = uncommitted
+        .fetch_watermarks(&s.marker_topic, s.marker_partition, t)
+        .map_err(|e| BridgeError::kafka("fetch marker high watermark", e))?;
+    let began = Instant::now();
+    let mut last_log: Option<Instant> = None;
+    let mut pause = Duration::from_millis(20);
+    loop {
+        let (_, lso) = committed
+            .fetch_watermarks(&s.marker_topic, s.marker_partition, t)
+            .map_err(|e| BridgeError::kafka("fetch marker last stable offset", e))?;
+        if lso >= high {
+            if last_log.is_some() {
+                info!(
+                    topic = %s.marker_topic, partition = s.marker_partition,
+                    waited_ms = began.elapsed().as_millis() as u64,
+                    "the marker partition is stable again; reading the newest commit marker"
+                );
+            }
+            report(None);
+            return Ok(lso);
+        }
+        let wait = ForeignTransactionWait {
+            topic: s.marker_topic.clone(),
+            partition: s.marker_partition,
+            last_stable_offset: lso,
+            high_watermark: high,
+            waited: began.elapsed(),
+        };
+        if Instant::now() >= deadline {
+            return Err(BridgeError::MarkerPartitionUnstable {
+                topic: wait.topic,
+                partition: wait.partition,
+                last_stable_offset: lso,
+                high_watermark: high,
+                waited: wait.waited,
+            });
+        }
+        if last_log.is_none_or(|l| l.elapsed() >= Duration::from_secs(5)) {
+            warn!(
+                topic = %s.marker_topic, partition = s.marker_partition,
+                last_stable_offset = lso, high_watermark = high,
+                waited_ms = wait.waited.as_millis() as u64,
+                "an open transaction of another producer holds back the marker partition; \
+                 waiting for it to finish before deciding where to resume"
+            );
+            last_log = Some(Instant::now());
+        }
+        report(Some(&wait));
+        std::thread::sleep(pause.min(deadline.saturating_duration_since(Instant::now())));
+        pause = (pause * 2).min(Duration::from_millis(500));
+    }
+}
+
+/// Reads the instance's newest committed commit marker, read_committed, scanning backwards from
+/// the last stable offset of its marker partition in windows, so that recovery costs the same
+/// however long the marker topic has grown since its last compaction.
+///
+/// The read is complete or it fails: it first waits (until `stable_deadline`) for every
+/// transaction that was open on the partition to finish (see
+/// [`wait_for_stable_marker_partition`]); `timeout` bounds the reading itself. A marker of another
+/// bridge or instance in the partition is an error: a shared marker partition lets a neighbour's
+/// transaction hold back our recovery.
+pub fn read_newest_marker(
+    s: &SinkSettings,
+    timeout: Duration,
+    stable_deadline: Duration,
+    report: MarkerWait<'_>,
+) -> Result<Option<Marker>> {
+    let consumer = marker_reader(s, "read_committed")?;
+    let (low, _) = consumer
         .fetch_watermarks(&s.marker_topic, s.marker_partition, timeout)
         .map_err(|e| BridgeError::kafka("fetch marker watermarks", e))?;
+    let lso = wait_for_stable_marker_partition(
+        s,
+        &consumer,
+        Instant::now() + stable_deadline,
+        report,
+    )?;
+    let end_at = Instant::now() + timeout;
     let key = marker_key(&s.bridge_id, s.instance);
     let mut hi = lso;
     while hi > low {
@@ -559,10 +678,12 @@ pub fn read_newest_marker(s: &SinkSettings, timeout: Duration) -> Result<Option<
         let mut best: Option<Marker> = None;
         loop {
             if Instant::now() >= end_at {
-                return Err(BridgeError::Setup(format!(
-                    "reading the commit marker of '{key}' from {}/{} took longer than {timeout:?}",
-                    s.marker_topic, s.marker_partition
-                )));
+                return Err(BridgeError::MarkerReadTimeout {
+                    key: key.clone(),
+                    topic: s.marker_topic.clone(),
+                    partition: s.marker_partition,
+                    timeout,
+                });
             }
             match consumer.poll(Duration::from_millis(200)) {
                 None => continue,
@@ -572,21 +693,33 @@ pub fn read_newest_marker(s: &SinkSettings, timeout: Duration) -> Result<Option<
                     if m.offset() >= hi {
                         break;
                     }
-                    if m.key() == Some(key.as_bytes()) {
-                        if let Some(payload) = m.payload() {
-                            match Marker::decode(payload) {
-                                Ok(marker) => {
-                                    if best
-                                        .as_ref()
-                                        .is_none_or(|b| marker.checkpoint_id > b.checkpoint_id)
-                                    {
-                                        best = Some(marker);
+                    match m.key() {
+                        Some(k) if k == key.as_bytes() => {
+                            if let Some(payload) = m.payload() {
+                                match Marker::decode(payload) {
+                                    Ok(marker) => {
+                                        if best
+                                            .as_ref()
+                                            .is_none_or(|b| marker.checkpoint_id > b.checkpoint_id)
+                                        {
+                                            best = Some(marker);
+                                        }
+                                    }
+                                    Err(e) => {
+                                        warn!(offset = m.offset(), error = %e, "skipping undecodable commit marker")
                                     }
                                 }
-                                Err(e) => {
-                                    warn!(offset = m.offset(), error = %e, "skipping undecodable commit marker")
-                                }
                             }
+                        }
+                        other => {
+                            return Err(BridgeError::MarkerTopicShared {
+                                topic: s.marker_topic.clone(),
+                                partition: s.marker_partition,
+                                offset: m.offset(),
+                                found_key: String::from_utf8_lossy(other.unwrap_or_default())
+                                    .into_owned(),
+                                our_key: key.clone(),
+                            });
                         }
                     }
                     if m.offset() + 1 >= hi {

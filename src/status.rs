@@ -41,6 +41,9 @@ pub struct Status {
     pub last_checkpoint_id: u64,
     pub last_checkpoint_time_ms: Option<i64>,
     pub failure: Option<String>,
+    /// Why recovery is waiting, while it waits (e.g. for another producer's transaction on the
+    /// marker partition).
+    pub recovery_wait: Option<String>,
     #[serde(skip)]
     pub last_checkpoint_at: Option<Instant>,
     #[serde(skip)]
@@ -66,6 +69,7 @@ impl Status {
             last_checkpoint_id: 0,
             last_checkpoint_time_ms: None,
             failure: None,
+            recovery_wait: None,
             last_checkpoint_at: None,
             epoch_started_at: None,
             heartbeat: Instant::now(),
