@@ -1,4 +1,4 @@
-//! The pipeline: the one owner of the epoch loop and of the checkpoint protocol of DESIGN.md.
+//! The pipeline: the one owner of the epoch loop and of the checkpoint protocol of docs/design.md.
 //!
 //! It runs on a thread of its own because every transaction call blocks. Each epoch is:
 //! begin → poll and produce until the barrier → commit marker → flush → durable pending

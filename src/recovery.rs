@@ -1,6 +1,6 @@
 //! The recovery decision at start-up, as a pure function of what was observed.
 //!
-//! This module owns step 4 of recovery (DESIGN.md): from the checkpoints that sled still holds
+//! This module owns step 4 of recovery (docs/design.md): from the checkpoints that sled still holds
 //! and the newest committed commit marker, decide where to resume and how to repair sled. It does
 //! no I/O, so every crash interleaving can be tested exhaustively here; the caller loads, reads the
 //! marker, and applies the decision.
