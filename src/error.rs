@@ -125,7 +125,7 @@ impl BridgeError {
             BridgeError::Kafka { source, .. } => classify_kafka(source),
             BridgeError::Delivery { code, .. } => match code {
                 Some(c) if is_auth(*c) => Action::Stop,
-                Some(c) if is_fencing(*c) => Action::Rebuild,
+                Some(c) if is_fencing(*c) || *c == RDKafkaErrorCode::Fatal => Action::Rebuild,
                 _ => Action::Abort,
             },
             BridgeError::CheckpointTimeout { .. } => Action::Abort,
@@ -224,9 +224,11 @@ pub fn classify_kafka(e: &KafkaError) -> Action {
         // BaseProducer::commit_transaction flushes first; a flush timeout carries no transaction
         // flag but is retriable (the commit may simply be called again).
         KafkaError::Flush(RDKafkaErrorCode::OperationTimedOut) => Action::Retry,
+        // A producer with a fatal error refuses everything until it is rebuilt; without
+        // transactions there is no failing abort to find that out.
         other => match other.rdkafka_error_code() {
             Some(c) if is_auth(c) => Action::Stop,
-            Some(c) if is_fencing(c) => Action::Rebuild,
+            Some(c) if is_fencing(c) || c == RDKafkaErrorCode::Fatal => Action::Rebuild,
             _ => Action::Abort,
         },
     }
@@ -264,6 +266,18 @@ mod tests {
             )),
             Action::Rebuild
         );
+        assert_eq!(
+            classify_kafka(&KafkaError::MessageProduction(RDKafkaErrorCode::Fatal)),
+            Action::Rebuild
+        );
+        let fatal = BridgeError::Delivery {
+            topic: "t".into(),
+            partition: 0,
+            offset: 1,
+            reason: "fatal".into(),
+            code: Some(RDKafkaErrorCode::Fatal),
+        };
+        assert_eq!(fatal.action(), Action::Rebuild);
     }
 
     #[test]
