@@ -62,19 +62,8 @@ pub enum BridgeError {
     #[error(transparent)]
     Recovery(#[from] RecoveryError),
 
-    #[error(
-        "record {topic}/{partition}@{offset} can never be written to the sink: {reason}. It failed {attempts} \
-         epochs in a row; the bridge stops rather than loop. Fix the sink (e.g. raise max.message.bytes of the \
-         sink topic and message.max.bytes in [sink.kafka]) or skip the record by moving the position past it with \
-         a savepoint"
-    )]
-    PoisonRecord {
-        topic: String,
-        partition: i32,
-        offset: i64,
-        reason: String,
-        attempts: u32,
-    },
+    #[error(transparent)]
+    PoisonRecord(Box<BadRecordStop>),
 
     #[error("delivery of {topic}/{partition}@{offset} failed: {reason}")]
     Delivery {
@@ -111,6 +100,23 @@ pub enum BridgeError {
     Setup(String),
 }
 
+/// A record the sink refuses for good (too large for the sink topic, invalid), with
+/// `on_bad_record = "stop"`, or refused by the dead-letter topic too.
+#[derive(Debug, Error)]
+#[error("record {topic}/{partition}@{offset} can never be written to {refused_by}: {reason}. {outcome}. Fix: {fix}")]
+pub struct BadRecordStop {
+    pub topic: String,
+    pub partition: i32,
+    pub offset: i64,
+    /// The topic(s) that refused it.
+    pub refused_by: String,
+    /// The broker's (or librdkafka's) error.
+    pub reason: String,
+    /// What became of the epoch.
+    pub outcome: String,
+    pub fix: String,
+}
+
 pub type Result<T, E = BridgeError> = std::result::Result<T, E>;
 
 impl BridgeError {
@@ -134,7 +140,7 @@ impl BridgeError {
             | BridgeError::Config(_)
             | BridgeError::Store(_)
             | BridgeError::Recovery(_)
-            | BridgeError::PoisonRecord { .. }
+            | BridgeError::PoisonRecord(_)
             | BridgeError::OffsetOutOfRange { .. }
             | BridgeError::Setup(_) => Action::Stop,
         }
@@ -165,7 +171,7 @@ impl BridgeError {
             BridgeError::Unauthorized { .. } => "unauthorized",
             BridgeError::Store(_) => "state_store",
             BridgeError::Recovery(_) => "recovery",
-            BridgeError::PoisonRecord { .. } => "poison_record",
+            BridgeError::PoisonRecord(_) => "poison_record",
             BridgeError::OffsetOutOfRange { .. } => "offset_out_of_range",
             BridgeError::Config(_) => "config",
             BridgeError::Setup(_) => "setup",
