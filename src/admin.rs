@@ -1,6 +1,8 @@
 //! Administrative calls to the sink cluster: the broker's transaction.max.timeout.ms, the marker
 //! topic (created compacted if missing, one partition per instance), and the sink topics (created
-//! with the source's partition count if missing, checked for enough partitions under `preserve`).
+//! with the source's partition count if missing, checked for enough partitions under `preserve`,
+//! their max.message.bytes read to size the producer's batches). Dead-letter topics are sink
+//! topics too.
 
 use std::time::Duration;
 
@@ -92,6 +94,36 @@ impl Admin {
         Err(BridgeError::Setup(
             "the sink broker did not report transaction.max.timeout.ms; grant DescribeConfigs on the cluster".into(),
         ))
+    }
+
+    /// A topic's max.message.bytes: the largest record batch its brokers accept.
+    pub async fn max_message_bytes(&self, topic: &str) -> Result<i64> {
+        let results = self
+            .client
+            .describe_configs(&[ResourceSpecifier::Topic(topic)], &Self::options())
+            .await
+            .map_err(|e| BridgeError::kafka("describe sink topic configs", e))?;
+        for r in results {
+            let resource = r.map_err(|code| {
+                BridgeError::Setup(format!(
+                    "describing the configuration of sink topic '{topic}' failed: {code:?}; grant the bridge \
+                     DescribeConfigs on it"
+                ))
+            })?;
+            if let Some(v) = resource
+                .get("max.message.bytes")
+                .and_then(|e| e.value.clone())
+            {
+                return v.parse().map_err(|_| {
+                    BridgeError::Setup(format!(
+                        "sink topic '{topic}' has a max.message.bytes that is not a number: {v}"
+                    ))
+                });
+            }
+        }
+        Err(BridgeError::Setup(format!(
+            "sink topic '{topic}' did not report max.message.bytes; grant the bridge DescribeConfigs on it"
+        )))
     }
 
     /// Creates a topic, tolerating that someone else created it first.

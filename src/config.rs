@@ -42,6 +42,9 @@ pub const ENV_SEPARATOR: &str = "__";
 pub const SOURCE_TOPIC_PLACEHOLDER: &str = "{source_topic}";
 /// Prefix of the default marker topic; the bridge id follows it (see [`default_marker_topic`]).
 pub const DEFAULT_MARKER_TOPIC: &str = "__eos_bridge_markers";
+/// Where `on_bad_record = "dead-letter"` writes the records the sink refuses, unless
+/// `sink.dead_letter_topic` says otherwise.
+pub const DEFAULT_DEAD_LETTER_TOPIC: &str = "{source_topic}.dlq";
 
 /// The marker topic a bridge uses unless `sink.marker_topic` names one: a topic per bridge id,
 /// so that no other bridge's transaction can ever sit in an instance's marker partition and hold
@@ -122,7 +125,19 @@ pub struct SinkConfig {
     pub topic: String,
     pub partitioning: Partitioning,
     pub marker_topic: String,
+    pub on_bad_record: OnBadRecord,
+    /// A template like `topic`; used only with [`OnBadRecord::DeadLetter`].
+    pub dead_letter_topic: String,
     pub kafka: KafkaProps,
+}
+
+/// What to do with a record the sink refuses for good (too large for the sink topic, invalid).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum OnBadRecord {
+    /// Abort the transaction and stop, naming the record.
+    Stop,
+    /// Write the record to the dead-letter topic instead, in the same transaction, and go on.
+    DeadLetter,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -261,6 +276,13 @@ impl Config {
             .replace(SOURCE_TOPIC_PLACEHOLDER, source_topic)
     }
 
+    /// The dead-letter topic of `source_topic`'s refused records.
+    pub fn dead_letter_topic_for(&self, source_topic: &str) -> String {
+        self.sink
+            .dead_letter_topic
+            .replace(SOURCE_TOPIC_PLACEHOLDER, source_topic)
+    }
+
     /// `eos-bridge-{id}-{instance}`: one per instance, stable across restarts, so that a restarted
     /// instance fences its own zombie and no two instances fence each other.
     pub fn transactional_id(&self) -> String {
@@ -337,6 +359,15 @@ impl OutOfRange {
     }
 }
 
+impl OnBadRecord {
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            OnBadRecord::Stop => "stop",
+            OnBadRecord::DeadLetter => "dead-letter",
+        }
+    }
+}
+
 impl Partitioning {
     pub const fn as_str(self) -> &'static str {
         match self {
@@ -387,6 +418,20 @@ impl FromStr for Partitioning {
     }
 }
 
+impl FromStr for OnBadRecord {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "stop" => Ok(OnBadRecord::Stop),
+            "dead-letter" => Ok(OnBadRecord::DeadLetter),
+            _ => Err(format!(
+                r#"{s:?} is not a bad-record policy: use "stop" (abort and stop, naming the record) or "dead-letter" (write it to sink.dead_letter_topic and go on)"#
+            )),
+        }
+    }
+}
+
 impl FromStr for StartPosition {
     type Err = String;
 
@@ -421,6 +466,12 @@ impl fmt::Display for OutOfRange {
 }
 
 impl fmt::Display for Partitioning {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl fmt::Display for OnBadRecord {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.as_str())
     }
@@ -662,6 +713,8 @@ struct RawSink {
     topic: Field<String>,
     partitioning: Field<Parse<Partitioning>>,
     marker_topic: Field<String>,
+    on_bad_record: Field<Parse<OnBadRecord>>,
+    dead_letter_topic: Field<String>,
 }
 
 #[derive(Default, serde::Deserialize)]
@@ -1164,7 +1217,7 @@ impl Loader {
             kafka: source_kafka,
         };
         let sink_servers = self.take("sink.bootstrap_servers", k.bootstrap_servers);
-        let sink = SinkConfig {
+        let mut sink = SinkConfig {
             bootstrap_servers: sink_servers.unwrap_or_else(|| source.bootstrap_servers.clone()),
             topic: self
                 .take("sink.topic", k.topic)
@@ -1175,8 +1228,27 @@ impl Loader {
             marker_topic: self
                 .take("sink.marker_topic", k.marker_topic)
                 .unwrap_or_else(|| default_marker_topic(&bridge.id)),
+            on_bad_record: self
+                .take("sink.on_bad_record", k.on_bad_record)
+                .map_or(OnBadRecord::Stop, |Parse(v)| v),
+            dead_letter_topic: DEFAULT_DEAD_LETTER_TOPIC.to_string(),
             kafka: sink_kafka,
         };
+        if let Some(topic) = self.take("sink.dead_letter_topic", k.dead_letter_topic) {
+            // Only here is it known whether the key was written: a dead-letter topic that is never
+            // used is a half-finished configuration, not something to ignore.
+            if sink.on_bad_record != OnBadRecord::DeadLetter && self.usable(&["sink.on_bad_record"])
+            {
+                self.fail(
+                    "sink.dead_letter_topic",
+                    format!(
+                        r#"{topic:?} is set but sink.on_bad_record is "{}", which never writes to it: set on_bad_record = "dead-letter" in [sink], or remove dead_letter_topic"#,
+                        sink.on_bad_record
+                    ),
+                );
+            }
+            sink.dead_letter_topic = topic;
+        }
         let dc = CheckpointConfig::default();
         let checkpoint = CheckpointConfig {
             interval: self
@@ -1226,6 +1298,7 @@ impl Loader {
         self.validate_bridge(&c.bridge);
         self.validate_source(&c.source);
         self.validate_sink(c);
+        self.validate_dead_letter(c);
         self.validate_timeouts(c);
         self.validate_passthrough(c);
         if let Some(token) = &c.api.admin_token {
@@ -1490,6 +1563,101 @@ impl Loader {
                     ),
                 );
             }
+        }
+    }
+
+    fn validate_dead_letter(&mut self, c: &Config) {
+        let sink = &c.sink;
+        if sink.on_bad_record != OnBadRecord::DeadLetter
+            || !self.usable(&["sink.on_bad_record", "sink.dead_letter_topic"])
+        {
+            return;
+        }
+        if c.bridge.delivery == Delivery::AtMostOnce && self.usable(&["bridge.delivery"]) {
+            self.fail(
+                "sink.on_bad_record",
+                r#""dead-letter" cannot work with bridge.delivery = "at-most-once", which checkpoints past an epoch's records before writing them, so a refused record is never read again to be dead-lettered: use on_bad_record = "stop", or exactly-once or at-least-once delivery"#,
+            );
+        }
+        let sample = c.dead_letter_topic_for("t");
+        if let Err(why) = check_topic_name(&sample) {
+            let names = if sample == sink.dead_letter_topic {
+                String::new()
+            } else {
+                format!(" gives topic names like {sample:?}, which")
+            };
+            self.fail(
+                "sink.dead_letter_topic",
+                format!(
+                    r#"{:?}{names} {why}: use e.g. "{DEFAULT_DEAD_LETTER_TOPIC}""#,
+                    sink.dead_letter_topic
+                ),
+            );
+            return;
+        }
+        if !self.usable(&[
+            "source.topics",
+            "source.topic_pattern",
+            "sink.topic",
+            "sink.marker_topic",
+        ]) {
+            return;
+        }
+        // With listed topics every dead-letter topic is known; with a pattern, only a template
+        // without the placeholder (one topic for all) or one identical to another's.
+        let listed: &[String] = if c.source.topic_pattern.is_some() {
+            &[]
+        } else {
+            &c.source.topics
+        };
+        let constant = !sink.dead_letter_topic.contains(SOURCE_TOPIC_PLACEHOLDER);
+        let mut pairs: Vec<(String, String)> = listed
+            .iter()
+            .map(|t| (c.dead_letter_topic_for(t), c.sink_topic_for(t)))
+            .collect();
+        if listed.is_empty() && (constant || sink.dead_letter_topic == sink.topic) {
+            pairs.push((c.dead_letter_topic_for("t"), c.sink_topic_for("t")));
+        }
+        let fix = format!(r#"use e.g. "{DEFAULT_DEAD_LETTER_TOPIC}""#);
+        for (dlq, sink_topic) in &pairs {
+            let what = if *dlq == sink.marker_topic {
+                "the marker topic"
+            } else if dlq == sink_topic {
+                "a sink topic"
+            } else {
+                continue;
+            };
+            self.fail(
+                "sink.dead_letter_topic",
+                format!(
+                    "{:?} gives {dlq:?}, which is also {what}: dead letters need a topic of their own; {fix}",
+                    sink.dead_letter_topic
+                ),
+            );
+            return;
+        }
+        if !same_cluster(&c.source.bootstrap_servers, &sink.bootstrap_servers) {
+            return;
+        }
+        let pattern = c
+            .source
+            .topic_pattern
+            .as_deref()
+            .and_then(|p| anchored(p).ok());
+        let read_back = pairs.iter().map(|(dlq, _)| dlq).find(|dlq| {
+            listed.contains(dlq)
+                || pattern
+                    .as_ref()
+                    .is_some_and(|p| constant && p.is_match(dlq))
+        });
+        if let Some(dlq) = read_back {
+            self.fail(
+                "sink.dead_letter_topic",
+                format!(
+                    "{:?} gives {dlq:?}, which is a source topic of the same cluster: the bridge would read its own dead letters; {fix}",
+                    sink.dead_letter_topic
+                ),
+            );
         }
     }
 
@@ -1941,6 +2109,8 @@ mod tests {
             topic = "mirror.{source_topic}"
             partitioning = "key"
             marker_topic = "mirror.markers"
+            on_bad_record = "dead-letter"
+            dead_letter_topic = "mirror.{source_topic}.refused"
 
             [sink.kafka]
             "compression.type" = "zstd"
@@ -1991,6 +2161,8 @@ mod tests {
                 topic: "mirror.{source_topic}".into(),
                 partitioning: Partitioning::Key,
                 marker_topic: "mirror.markers".into(),
+                on_bad_record: OnBadRecord::DeadLetter,
+                dead_letter_topic: "mirror.{source_topic}.refused".into(),
                 kafka: [
                     ("compression.type", "zstd"),
                     ("linger.ms", "5"),
@@ -2020,6 +2192,10 @@ mod tests {
         assert_eq!(config, expected);
         assert_eq!(config.api.admin_token.as_ref().unwrap().expose(), "s3cret");
         assert_eq!(config.sink_topic_for("orders.eu"), "mirror.orders.eu");
+        assert_eq!(
+            config.dead_letter_topic_for("orders.eu"),
+            "mirror.orders.eu.refused"
+        );
         assert_eq!(config.transactional_id(), "eos-bridge-orders.mirror_2-1");
         assert_eq!(config.ready_max_age(), Duration::from_secs(90));
     }
@@ -2038,6 +2214,9 @@ mod tests {
         assert_eq!(c.sink.topic, "{source_topic}");
         assert_eq!(c.sink.partitioning, Partitioning::Preserve);
         assert_eq!(c.sink.marker_topic, format!("__eos_bridge_markers.{}", c.bridge.id));
+        assert_eq!(c.sink.on_bad_record, OnBadRecord::Stop);
+        assert_eq!(c.sink.dead_letter_topic, "{source_topic}.dlq");
+        assert_eq!(c.dead_letter_topic_for("orders"), "orders.dlq");
         assert!(c.sink.kafka.is_empty());
         assert_eq!(c.checkpoint, CheckpointConfig::default());
         assert_eq!(c.checkpoint.interval, Duration::from_secs(1));
@@ -2501,6 +2680,93 @@ mod tests {
     }
 
     #[test]
+    fn bad_record_rules() {
+        let dead_letter = ("EOS_BRIDGE__SINK__ON_BAD_RECORD", "dead-letter");
+        rejects(
+            BASE,
+            &[("EOS_BRIDGE__SINK__ON_BAD_RECORD", "skip")],
+            "sink.on_bad_record",
+            &["\"skip\"", "\"stop\"", "\"dead-letter\""],
+        );
+        // A dead-letter topic nothing writes to is a half-done configuration.
+        rejects(
+            BASE,
+            &[("EOS_BRIDGE__SINK__DEAD_LETTER_TOPIC", "refused")],
+            "sink.dead_letter_topic",
+            &["\"refused\"", "on_bad_record = \"dead-letter\""],
+        );
+        rejects(
+            BASE,
+            &[
+                dead_letter,
+                ("EOS_BRIDGE__BRIDGE__DELIVERY", "at-most-once"),
+            ],
+            "sink.on_bad_record",
+            &["at-most-once", "\"stop\""],
+        );
+        rejects(
+            BASE,
+            &[
+                dead_letter,
+                ("EOS_BRIDGE__SINK__DEAD_LETTER_TOPIC", "{topic}.dlq"),
+            ],
+            "sink.dead_letter_topic",
+            &["\"{topic}.dlq\"", "{source_topic}.dlq"],
+        );
+        rejects(
+            BASE,
+            &[
+                dead_letter,
+                ("EOS_BRIDGE__SINK__DEAD_LETTER_TOPIC", "{source_topic}"),
+            ],
+            "sink.dead_letter_topic",
+            &["\"orders\"", "a sink topic"],
+        );
+        rejects(
+            BASE,
+            &[
+                dead_letter,
+                (
+                    "EOS_BRIDGE__SINK__DEAD_LETTER_TOPIC",
+                    "__eos_bridge_markers",
+                ),
+            ],
+            "sink.dead_letter_topic",
+            &["the marker topic"],
+        );
+        let one_cluster = (
+            "EOS_BRIDGE__SINK__BOOTSTRAP_SERVERS",
+            "src-1:9092,src-2:9092",
+        );
+        let copy = ("EOS_BRIDGE__SINK__TOPIC", "{source_topic}-copy");
+        rejects(
+            &BASE.replace(
+                r#"topics = ["orders"]"#,
+                r#"topics = ["orders", "orders.dlq"]"#,
+            ),
+            &[dead_letter, one_cluster, copy],
+            "sink.dead_letter_topic",
+            &["\"orders.dlq\"", "read its own dead letters"],
+        );
+        rejects(
+            &BASE.replace(r#"topics = ["orders"]"#, r#"topic_pattern = "orders.*""#),
+            &[
+                dead_letter,
+                one_cluster,
+                copy,
+                ("EOS_BRIDGE__SINK__DEAD_LETTER_TOPIC", "orders-refused"),
+            ],
+            "sink.dead_letter_topic",
+            &["\"orders-refused\"", "read its own dead letters"],
+        );
+        // Accepted: the default template, on another cluster or the same one.
+        let c = load(BASE, &[dead_letter]).unwrap();
+        assert_eq!(c.sink.on_bad_record, OnBadRecord::DeadLetter);
+        assert_eq!(c.dead_letter_topic_for("orders"), "orders.dlq");
+        load(BASE, &[dead_letter, one_cluster, copy]).unwrap();
+    }
+
+    #[test]
     fn a_topic_may_not_be_written_onto_itself_on_one_cluster() {
         let one_cluster = [(
             "EOS_BRIDGE__SINK__BOOTSTRAP_SERVERS",
@@ -2947,6 +3213,9 @@ mod tests {
         }
         for o in [OutOfRange::Fail, OutOfRange::Earliest] {
             assert_eq!(o.to_string().parse::<OutOfRange>(), Ok(o));
+        }
+        for b in [OnBadRecord::Stop, OnBadRecord::DeadLetter] {
+            assert_eq!(b.to_string().parse::<OnBadRecord>(), Ok(b));
         }
         for s in [
             StartPosition::Earliest,

@@ -62,19 +62,8 @@ pub enum BridgeError {
     #[error(transparent)]
     Recovery(#[from] RecoveryError),
 
-    #[error(
-        "record {topic}/{partition}@{offset} can never be written to the sink: {reason}. It failed {attempts} \
-         epochs in a row; the bridge stops rather than loop. Fix the sink (e.g. raise max.message.bytes of the \
-         sink topic and message.max.bytes in [sink.kafka]) or skip the record by moving the position past it with \
-         a savepoint"
-    )]
-    PoisonRecord {
-        topic: String,
-        partition: i32,
-        offset: i64,
-        reason: String,
-        attempts: u32,
-    },
+    #[error(transparent)]
+    PoisonRecord(Box<BadRecordStop>),
 
     #[error("delivery of {topic}/{partition}@{offset} failed: {reason}")]
     Delivery {
@@ -152,6 +141,23 @@ pub enum BridgeError {
     Setup(String),
 }
 
+/// A record the sink refuses for good (too large for the sink topic, invalid), with
+/// `on_bad_record = "stop"`, or refused by the dead-letter topic too.
+#[derive(Debug, Error)]
+#[error("record {topic}/{partition}@{offset} can never be written to {refused_by}: {reason}. {outcome}. Fix: {fix}")]
+pub struct BadRecordStop {
+    pub topic: String,
+    pub partition: i32,
+    pub offset: i64,
+    /// The topic(s) that refused it.
+    pub refused_by: String,
+    /// The broker's (or librdkafka's) error.
+    pub reason: String,
+    /// What became of the epoch.
+    pub outcome: String,
+    pub fix: String,
+}
+
 pub type Result<T, E = BridgeError> = std::result::Result<T, E>;
 
 impl BridgeError {
@@ -166,7 +172,7 @@ impl BridgeError {
             BridgeError::Kafka { source, .. } => classify_kafka(source),
             BridgeError::Delivery { code, .. } => match code {
                 Some(c) if is_auth(*c) => Action::Stop,
-                Some(c) if is_fencing(*c) => Action::Rebuild,
+                Some(c) if is_fencing(*c) || *c == RDKafkaErrorCode::Fatal => Action::Rebuild,
                 _ => Action::Abort,
             },
             BridgeError::CheckpointTimeout { .. } => Action::Abort,
@@ -176,7 +182,7 @@ impl BridgeError {
             | BridgeError::Config(_)
             | BridgeError::Store(_)
             | BridgeError::Recovery(_)
-            | BridgeError::PoisonRecord { .. }
+            | BridgeError::PoisonRecord(_)
             | BridgeError::OffsetOutOfRange { .. }
             | BridgeError::MarkerTopicShared { .. }
             | BridgeError::MarkerPartitionUnstable { .. }
@@ -212,7 +218,7 @@ impl BridgeError {
             BridgeError::Unauthorized { .. } => "unauthorized",
             BridgeError::Store(_) => "state_store",
             BridgeError::Recovery(_) => "recovery",
-            BridgeError::PoisonRecord { .. } => "poison_record",
+            BridgeError::PoisonRecord(_) => "poison_record",
             BridgeError::OffsetOutOfRange { .. } => "offset_out_of_range",
             BridgeError::Config(_) => "config",
             BridgeError::MarkerTopicShared { .. } => "marker_topic_shared",
@@ -274,9 +280,11 @@ pub fn classify_kafka(e: &KafkaError) -> Action {
         // BaseProducer::commit_transaction flushes first; a flush timeout carries no transaction
         // flag but is retriable (the commit may simply be called again).
         KafkaError::Flush(RDKafkaErrorCode::OperationTimedOut) => Action::Retry,
+        // A producer with a fatal error refuses everything until it is rebuilt; without
+        // transactions there is no failing abort to find that out.
         other => match other.rdkafka_error_code() {
             Some(c) if is_auth(c) => Action::Stop,
-            Some(c) if is_fencing(c) => Action::Rebuild,
+            Some(c) if is_fencing(c) || c == RDKafkaErrorCode::Fatal => Action::Rebuild,
             _ => Action::Abort,
         },
     }
@@ -314,6 +322,18 @@ mod tests {
             )),
             Action::Rebuild
         );
+        assert_eq!(
+            classify_kafka(&KafkaError::MessageProduction(RDKafkaErrorCode::Fatal)),
+            Action::Rebuild
+        );
+        let fatal = BridgeError::Delivery {
+            topic: "t".into(),
+            partition: 0,
+            offset: 1,
+            reason: "fatal".into(),
+            code: Some(RDKafkaErrorCode::Fatal),
+        };
+        assert_eq!(fatal.action(), Action::Rebuild);
     }
 
     #[test]

@@ -22,7 +22,7 @@ pub struct Metrics {
     pub end_to_end_latency: Histogram,
     pub recoveries: IntCounterVec,
     pub producer_rebuilds: IntCounter,
-    pub dead_lettered: IntCounter,
+    pub records_dead_lettered: IntCounterVec,
     pub records_lost: IntCounterVec,
     pub corrupt_checkpoints: IntCounter,
     pub marker_wait_seconds: Counter,
@@ -137,10 +137,13 @@ impl Metrics {
                 "Transactional producers rebuilt after a fatal producer error.",
             ))
             .unwrap(),
-            dead_lettered: IntCounter::with_opts(opts(
-                "dead_lettered_records_total",
-                "Records routed to a dead-letter topic.",
-            ))
+            records_dead_lettered: IntCounterVec::new(
+                opts(
+                    "records_dead_lettered_total",
+                    "Source records the sink refused, written to their dead-letter topic in committed checkpoints, per source topic.",
+                ),
+                &["topic"],
+            )
             .unwrap(),
             records_lost: IntCounterVec::new(
                 opts(
@@ -220,7 +223,7 @@ impl Metrics {
             Box::new(self.end_to_end_latency.clone()),
             Box::new(self.recoveries.clone()),
             Box::new(self.producer_rebuilds.clone()),
-            Box::new(self.dead_lettered.clone()),
+            Box::new(self.records_dead_lettered.clone()),
             Box::new(self.records_lost.clone()),
             Box::new(self.corrupt_checkpoints.clone()),
             Box::new(self.marker_wait_seconds.clone()),
@@ -240,6 +243,7 @@ impl Metrics {
         self.records_lost.with_label_values(&[topic, &p]);
         self.consumer_lag.with_label_values(&[topic, &p]);
         self.records_consumed.with_label_values(&[topic]);
+        self.records_dead_lettered.with_label_values(&[topic]);
     }
 
     /// The registry in Prometheus text format, with its content type.

@@ -5,6 +5,11 @@
 //! checkpoint → commit → checkpoint marked committed. Failures follow the action their error is
 //! classified as (error.rs): abort and replay the epoch from the last checkpoint, rebuild the
 //! producer and recover in-process from the newest committed marker, or stop.
+//!
+//! A record the sink refuses for good (a bad record) either stops the bridge, its transaction
+//! aborted, or with `on_bad_record = "dead-letter"` is remembered and the epoch replayed with that
+//! record written to its dead-letter topic inside the epoch's transaction: exactly once, like every
+//! other output.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::mpsc::Receiver;
@@ -12,22 +17,22 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
-use rdkafka::message::{Message, OwnedMessage};
+use rdkafka::message::{Header, Headers, Message, OwnedHeaders, OwnedMessage};
 use tokio::runtime::Handle;
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
 use crate::admin::Admin;
 use crate::checkpoint::{Checkpoint, CheckpointState, CheckpointStore};
-use crate::config::{Config, Delivery, OutOfRange, Partitioning, StartPosition};
-use crate::error::{Action, BridgeError, Result};
+use crate::config::{Config, Delivery, OnBadRecord, OutOfRange, Partitioning, StartPosition};
+use crate::error::{Action, BadRecordStop, BridgeError, Result};
 use crate::failpoint;
 use crate::marker::{marker_partition, Marker, MARKER_VERSION};
 use crate::metrics::Metrics;
 use crate::positions::Positions;
 use crate::recovery::decide;
 use crate::savepoint::{Restore, Savepoint, RESTORED_PREFIX};
-use crate::sink::{Sink, SinkSettings, SourceRef};
+use crate::sink::{is_permanent_record_error, Sink, SinkSettings, SourceRef};
 use crate::source::Source;
 use crate::status::{self, PartitionStatus, RunState, SharedStatus};
 use crate::transform::Router;
@@ -39,8 +44,6 @@ const CONNECT_DEADLINE: Duration = Duration::from_secs(60);
 /// Beyond the broker's transaction.max.timeout.ms: the coordinator's sweep for expired
 /// transactions (10 s by default) and the time to write their abort markers.
 const FOREIGN_TRANSACTION_MARGIN: Duration = Duration::from_secs(60);
-/// Epochs failing on the same record with a permanent error before the bridge gives up on it.
-const POISON_ATTEMPTS: u32 = 3;
 /// Every n-th record's timestamp feeds the end-to-end latency histogram.
 const LATENCY_SAMPLE: u64 = 64;
 
@@ -78,19 +81,121 @@ fn now_ms() -> i64 {
         .unwrap_or(0)
 }
 
-/// Errors whose record will fail the same way however often it is retried.
-fn permanent(code: Option<RDKafkaErrorCode>) -> bool {
-    matches!(
+/// Headers a dead letter carries besides its own: where it came from, why the sink refused it, and
+/// when (milliseconds since the Unix epoch, as decimal text like the partition and offset).
+pub const HEADER_SOURCE_TOPIC: &str = "eos-bridge.source.topic";
+pub const HEADER_SOURCE_PARTITION: &str = "eos-bridge.source.partition";
+pub const HEADER_SOURCE_OFFSET: &str = "eos-bridge.source.offset";
+pub const HEADER_ERROR: &str = "eos-bridge.error";
+pub const HEADER_ERROR_TIME: &str = "eos-bridge.error.time";
+
+/// A record the sink refused for good: why, and when it first failed.
+struct BadRecord {
+    code: Option<RDKafkaErrorCode>,
+    reason: String,
+    failed_ms: i64,
+}
+
+/// The record a delivery error blames, if the error is the record's own and permanent.
+fn blamed_record(e: &BridgeError) -> Option<(&str, i32, i64, BadRecord)> {
+    let BridgeError::Delivery {
+        topic,
+        partition,
+        offset,
+        reason,
         code,
+    } = e
+    else {
+        return None;
+    };
+    // The commit marker carries offset -1: it is no source record to skip.
+    if !is_permanent_record_error(*code) || *offset < 0 {
+        return None;
+    }
+    Some((
+        topic.as_str(),
+        *partition,
+        *offset,
+        BadRecord {
+            code: *code,
+            reason: reason.clone(),
+            failed_ms: now_ms(),
+        },
+    ))
+}
+
+/// What to change so that `topic` takes a record refused with `code`.
+fn fix_for(code: Option<RDKafkaErrorCode>, topic: &str) -> String {
+    match code {
         Some(
             RDKafkaErrorCode::MessageSizeTooLarge
-                | RDKafkaErrorCode::InvalidMessageSize
-                | RDKafkaErrorCode::InvalidMessage
-                | RDKafkaErrorCode::InvalidRecord
-                | RDKafkaErrorCode::MessageBatchTooLarge
-                | RDKafkaErrorCode::InvalidTimestamp
-                | RDKafkaErrorCode::BadMessage
-        )
+            | RDKafkaErrorCode::InvalidMessageSize
+            | RDKafkaErrorCode::MessageBatchTooLarge,
+        ) => format!(
+            "raise max.message.bytes of topic '{topic}' above the record's size (and message.max.bytes in \
+             [sink.kafka], 1000000 by default, if the record is larger than that)"
+        ),
+        Some(RDKafkaErrorCode::InvalidTimestamp) => format!(
+            "the record's timestamp is outside what topic '{topic}' accepts: raise its \
+             message.timestamp.before.max.ms / message.timestamp.after.max.ms"
+        ),
+        _ => format!(
+            "make topic '{topic}' accept the record (a compacted topic, for one, takes only records with a key)"
+        ),
+    }
+}
+
+/// A dead letter's headers: the record's own, then where it came from and why it was refused.
+fn dead_letter_headers<H: Headers>(
+    own: Option<&H>,
+    src: &SourceRef,
+    bad: &BadRecord,
+) -> OwnedHeaders {
+    let mut headers = OwnedHeaders::new_with_capacity(own.map_or(0, |h| h.count()) + 5);
+    if let Some(h) = own {
+        for header in h.iter() {
+            headers = headers.insert(header);
+        }
+    }
+    let partition = src.partition.to_string();
+    let offset = src.offset.to_string();
+    let time = bad.failed_ms.to_string();
+    for (key, value) in [
+        (HEADER_SOURCE_TOPIC, &*src.topic),
+        (HEADER_SOURCE_PARTITION, partition.as_str()),
+        (HEADER_SOURCE_OFFSET, offset.as_str()),
+        (HEADER_ERROR, bad.reason.as_str()),
+        (HEADER_ERROR_TIME, time.as_str()),
+    ] {
+        headers = headers.insert(Header {
+            key,
+            value: Some(value),
+        });
+    }
+    headers
+}
+
+/// Writes a record the sink refused to its dead-letter topic, in the open transaction: key, value,
+/// timestamp and headers as they were, plus headers naming its origin and the error.
+fn send_dead_letter<M: Message>(
+    sink: &mut Sink,
+    dead_letter_topic: &str,
+    partitions: i32,
+    msg: &M,
+    src: SourceRef,
+    bad: &BadRecord,
+) -> Result<()> {
+    let headers = dead_letter_headers(msg.headers(), &src, bad);
+    // Records of one source partition stay in order in the dead-letter topic too.
+    let partition = src.partition.rem_euclid(partitions.max(1));
+    sink.send(
+        dead_letter_topic,
+        partition,
+        msg.key(),
+        msg.payload(),
+        Some(headers),
+        msg.timestamp().to_millis(),
+        src,
     )
 }
 
@@ -141,7 +246,11 @@ struct Pipeline<'a> {
     last_id: u64,
     last_barrier: Instant,
     last_discovery: Instant,
-    poison: Option<(SourceRef, u32)>,
+    /// Records the sink refused for good, with `on_bad_record = "dead-letter"`: a replay writes them
+    /// to their dead-letter topic. Dropped once a checkpoint past them commits.
+    bad_records: HashMap<SourceRef, BadRecord>,
+    /// Partition count of each dead-letter topic, once it is known to exist.
+    dead_letter_partitions: HashMap<String, i32>,
     failures_in_row: u32,
     /// Id of a pending checkpoint written to sled in the current epoch, not yet committed.
     pending: Option<u64>,
@@ -224,7 +333,8 @@ impl<'a> Pipeline<'a> {
             last_id: 0,
             last_barrier: Instant::now(),
             last_discovery: Instant::now(),
-            poison: None,
+            bad_records: HashMap::new(),
+            dead_letter_partitions: HashMap::new(),
             failures_in_row: 0,
             pending: None,
         };
@@ -276,6 +386,7 @@ impl<'a> Pipeline<'a> {
                 n
             };
             self.router.set_sink_partitions(&sink_topic, n);
+            self.fit_batches_to(&sink_topic)?;
             self.shared
                 .metrics
                 .records_produced
@@ -643,6 +754,7 @@ impl<'a> Pipeline<'a> {
         let mut current = self.committed.clone();
         let mut consumed: HashMap<Arc<str>, u64> = HashMap::new();
         let mut produced: HashMap<Arc<str>, u64> = HashMap::new();
+        let mut dead_lettered: Vec<SourceRef> = Vec::new();
         let mut samples: Vec<i64> = Vec::new();
         let mut count: u64 = 0;
         // at-most-once checkpoints positions before producing, so it holds the epoch's records.
@@ -674,11 +786,8 @@ impl<'a> Pipeline<'a> {
                 Some(Ok(m)) => m,
             };
             let src_topic = interned(&mut self.topic_names, msg.topic());
-            let (sink_topic, partition) =
-                self.router.route(msg.topic(), msg.partition(), msg.key());
             current.set(&src_topic, msg.partition(), msg.offset() + 1);
             *consumed.entry(src_topic.clone()).or_default() += 1;
-            *produced.entry(sink_topic.clone()).or_default() += 1;
             let ts = msg.timestamp().to_millis();
             if count.is_multiple_of(LATENCY_SAMPLE) {
                 if let Some(ts) = ts {
@@ -686,6 +795,28 @@ impl<'a> Pipeline<'a> {
                 }
             }
             count += 1;
+            let src = SourceRef {
+                topic: src_topic,
+                partition: msg.partition(),
+                offset: msg.offset(),
+            };
+            if let Some(bad) = (!self.bad_records.is_empty())
+                .then(|| self.bad_records.get(&src))
+                .flatten()
+            {
+                let topic = cfg.dead_letter_topic_for(&src.topic);
+                let partitions = self
+                    .dead_letter_partitions
+                    .get(&topic)
+                    .copied()
+                    .unwrap_or(1);
+                dead_lettered.push(src.clone());
+                send_dead_letter(&mut self.sink, &topic, partitions, &msg, src, bad)?;
+                continue;
+            }
+            let (sink_topic, partition) =
+                self.router.route(msg.topic(), msg.partition(), msg.key());
+            *produced.entry(sink_topic.clone()).or_default() += 1;
             if at_most_once {
                 held.push(msg.detach());
                 continue;
@@ -697,11 +828,7 @@ impl<'a> Pipeline<'a> {
                 msg.payload(),
                 msg.headers().map(|h| h.detach()),
                 ts,
-                SourceRef {
-                    topic: src_topic,
-                    partition: msg.partition(),
-                    offset: msg.offset(),
-                },
+                src,
             )?;
             if count == 1 {
                 failpoint::hit("after-produce");
@@ -765,6 +892,11 @@ impl<'a> Pipeline<'a> {
             Delivery::AtMostOnce => {
                 self.store
                     .put_committed(&checkpoint(CheckpointState::Committed))?;
+                // The epoch is checkpointed before a record is written: from here on a failure
+                // must rewind to these positions, not to the previous checkpoint's, or the
+                // records already written would be written again.
+                self.committed = current.clone();
+                self.last_id = id;
                 for m in held.drain(..) {
                     let (sink_topic, partition) =
                         self.router.route(m.topic(), m.partition(), m.key());
@@ -784,9 +916,14 @@ impl<'a> Pipeline<'a> {
                         src,
                     )?;
                 }
-                // A failure now loses the epoch's records: that is what at-most-once promises.
-                if let Err(e) = self.flush_until(id, deadline) {
-                    warn!(error = %e, "at-most-once: records of this epoch were not all delivered");
+                // A failure now loses the epoch's records: that is what at-most-once promises. A
+                // bad record still stops the bridge, as it does in the other modes.
+                match self.flush_until(id, deadline) {
+                    Err(e) if blamed_record(&e).is_some() => return Err(e),
+                    Err(e) => {
+                        warn!(error = %e, "at-most-once: records of this epoch were not all delivered")
+                    }
+                    Ok(()) => {}
                 }
                 self.sink.commit(deadline)?;
             }
@@ -809,6 +946,17 @@ impl<'a> Pipeline<'a> {
         for (t, n) in produced {
             m.records_produced.with_label_values(&[&t]).inc_by(n);
         }
+        for src in &dead_lettered {
+            m.records_dead_lettered
+                .with_label_values(&[&src.topic])
+                .inc();
+            info!(
+                record = %format_args!("{}/{}@{}", src.topic, src.partition, src.offset),
+                dead_letter_topic = %cfg.dead_letter_topic_for(&src.topic),
+                checkpoint = id,
+                "bad record dead-lettered"
+            );
+        }
         for ts in samples {
             m.end_to_end_latency
                 .observe(((done_ms - ts).max(0) as f64) / 1000.0);
@@ -820,15 +968,14 @@ impl<'a> Pipeline<'a> {
         m.last_checkpoint_timestamp.set(done_ms / 1000);
         self.committed = current;
         self.last_id = id;
-        // An epoch that committed without reaching the suspect record proves nothing about it.
-        if let Some((src, _)) = &self.poison {
-            if self
-                .committed
-                .get(&src.topic, src.partition)
-                .is_some_and(|o| o > src.offset)
-            {
-                self.poison = None;
-            }
+        // A bad record behind the committed positions is never read again.
+        if !self.bad_records.is_empty() {
+            let committed = &self.committed;
+            self.bad_records.retain(|src, _| {
+                committed
+                    .get(&src.topic, src.partition)
+                    .is_none_or(|o| o <= src.offset)
+            });
         }
         self.publish_positions();
         status::update(&self.shared.status, |s| {
@@ -855,10 +1002,26 @@ impl<'a> Pipeline<'a> {
         }
     }
 
-    /// The abort path, the rebuild path, or stop, as the error's class says.
+    /// The abort path, the rebuild path, or stop, as the error's class says. A bad record stops
+    /// the bridge, or is set aside for the dead-letter topic, as `sink.on_bad_record` says.
     fn handle_failure(&mut self, e: BridgeError) -> Result<()> {
         let e = self.sink.classify(e);
-        let action = e.action();
+        let bad = blamed_record(&e).map(|(topic, partition, offset, bad)| {
+            let src = SourceRef {
+                topic: self.topic_name(topic),
+                partition,
+                offset,
+            };
+            (src, bad)
+        });
+        // Dead letters need the epoch replayed, which at-most-once cannot (it checkpointed past
+        // the epoch already); and a bad record seen before is one the dead-letter topic refused.
+        let dead_letter = self.cfg.sink.on_bad_record == OnBadRecord::DeadLetter
+            && self.cfg.bridge.delivery != Delivery::AtMostOnce;
+        let bad_stops = bad
+            .as_ref()
+            .is_some_and(|(src, _)| !dead_letter || self.bad_records.contains_key(src));
+        let action = if bad_stops { Action::Stop } else { e.action() };
         self.shared
             .metrics
             .transactions_aborted
@@ -874,10 +1037,17 @@ impl<'a> Pipeline<'a> {
             }])
             .inc();
         if action == Action::Stop {
+            let aborted = self.abort_before_stop();
+            let e = match bad {
+                Some((src, bad)) => self.bad_record_error(&src, &bad, aborted),
+                None => e,
+            };
             error!(error = %e, "stopping");
             return Err(e);
         }
-        self.track_poison(&e)?;
+        if let Some((src, bad)) = bad {
+            return self.set_aside(src, bad);
+        }
         self.failures_in_row += 1;
         warn!(error = %e, action = ?action, checkpoint = self.last_id + 1, "checkpoint failed");
 
@@ -894,6 +1064,147 @@ impl<'a> Pipeline<'a> {
             }
         }
         self.rebuild_and_recover()
+    }
+
+    /// Leaves no open transaction behind a stop: read_committed consumers of its partitions would
+    /// wait for the coordinator's timeout otherwise. Bounded by checkpoint.timeout; says whether
+    /// the transaction is gone.
+    fn abort_before_stop(&mut self) -> bool {
+        match self.sink.abort(self.cfg.checkpoint.timeout) {
+            Ok(()) => true,
+            Err(e) => {
+                warn!(
+                    error = %e,
+                    "aborting the open transaction before stopping failed; the coordinator aborts it after transaction.timeout"
+                );
+                false
+            }
+        }
+    }
+
+    /// The error a bad record stops the bridge with: the record, the broker's error, what became
+    /// of the epoch, and the fix.
+    fn bad_record_error(&self, src: &SourceRef, bad: &BadRecord, aborted: bool) -> BridgeError {
+        let cfg = &self.cfg;
+        let sink_topic = cfg.sink_topic_for(&src.topic);
+        let (refused_by, fix) = if self.bad_records.contains_key(src) {
+            let dlq = cfg.dead_letter_topic_for(&src.topic);
+            (
+                format!("sink topic '{sink_topic}' nor to its dead-letter topic '{dlq}'"),
+                fix_for(bad.code, &dlq),
+            )
+        } else {
+            let dead_letter = if cfg.bridge.delivery == Delivery::AtMostOnce {
+                ""
+            } else {
+                ", or set [sink] on_bad_record = \"dead-letter\" to write such records to a dead-letter topic and go on"
+            };
+            (
+                format!("sink topic '{sink_topic}'"),
+                format!("{}{dead_letter}", fix_for(bad.code, &sink_topic)),
+            )
+        };
+        let resume = self.last_id;
+        let outcome = match cfg.bridge.delivery {
+            Delivery::ExactlyOnce if aborted => format!(
+                "The bridge stopped with the transaction of checkpoint {} aborted, so nothing of it is visible; a \
+                 restart resumes from checkpoint {resume} and stops here again until the fix",
+                resume + 1
+            ),
+            Delivery::ExactlyOnce => format!(
+                "The bridge stopped; the transaction of checkpoint {} could not be aborted and is aborted by the \
+                 coordinator after transaction.timeout, so nothing of it becomes visible; a restart resumes from \
+                 checkpoint {resume} and stops here again until the fix",
+                resume + 1
+            ),
+            Delivery::AtLeastOnce => format!(
+                "The bridge stopped; a restart resumes from checkpoint {resume}, writes again what this epoch \
+                 delivered before the record (at-least-once), and stops here again until the fix"
+            ),
+            Delivery::AtMostOnce => "The bridge stopped; at-most-once had checkpointed past this epoch's records \
+                 before writing them, so this record and the epoch's records not yet written are lost, and a \
+                 restart continues after them"
+                .to_string(),
+        };
+        BridgeError::PoisonRecord(Box::new(BadRecordStop {
+            topic: src.topic.to_string(),
+            partition: src.partition,
+            offset: src.offset,
+            refused_by,
+            reason: bad.reason.clone(),
+            outcome,
+            fix,
+        }))
+    }
+
+    /// Dead-letter mode: aborts the epoch, makes sure the record's dead-letter topic exists, and
+    /// remembers the record, so that the replay (from the last checkpoint, at once) writes it
+    /// there instead of to the sink.
+    fn set_aside(&mut self, src: SourceRef, bad: BadRecord) -> Result<()> {
+        let dlq = self.cfg.dead_letter_topic_for(&src.topic);
+        warn!(
+            record = %format_args!("{}/{}@{}", src.topic, src.partition, src.offset),
+            error = %bad.reason,
+            dead_letter_topic = %dlq,
+            checkpoint = self.last_id + 1,
+            "the sink refuses this record for good; replaying the checkpoint with it written to the dead-letter topic"
+        );
+        match self.abort_and_rewind() {
+            Ok(()) => {}
+            Err(e) if e.action() == Action::Stop => return Err(e),
+            Err(e) => {
+                warn!(error = %e, "abort failed; rebuilding the producer");
+                self.rebuild_and_recover()?;
+            }
+        }
+        self.ensure_dead_letter_topic(&src.topic, &dlq)?;
+        self.bad_records.insert(src, bad);
+        Ok(())
+    }
+
+    /// Creates a dead-letter topic that does not exist (with its source topic's partition count),
+    /// learns its partitions, and fits the producer's batches to it.
+    fn ensure_dead_letter_topic(&mut self, source_topic: &str, dlq: &str) -> Result<()> {
+        if self.dead_letter_partitions.contains_key(dlq) {
+            return Ok(());
+        }
+        let partitions = match self.admin.partitions(dlq)? {
+            Some(n) => n,
+            None => {
+                let n = self.topics.get(source_topic).copied().unwrap_or(1);
+                self.shared
+                    .runtime
+                    .block_on(self.admin.create_topic(dlq, n, &[]))?;
+                n
+            }
+        };
+        self.fit_batches_to(dlq)?;
+        self.dead_letter_partitions
+            .insert(dlq.to_string(), partitions);
+        Ok(())
+    }
+
+    /// Keeps the producer's batches within a sink topic's max.message.bytes (see
+    /// `Sink::cap_batch_size`); call with no transaction open.
+    fn fit_batches_to(&mut self, topic: &str) -> Result<()> {
+        match self
+            .shared
+            .runtime
+            .block_on(self.admin.max_message_bytes(topic))
+        {
+            Ok(limit) => self
+                .sink
+                .cap_batch_size(topic, limit, CONNECT_DEADLINE)
+                .map_err(|e| self.sink.classify(e)),
+            Err(e) => {
+                warn!(
+                    topic,
+                    error = %e,
+                    "cannot read the topic's max.message.bytes: batches of small records may exceed it"
+                );
+                Ok(())
+            }
+        }
     }
 
     fn abort_and_rewind(&mut self) -> Result<()> {
@@ -935,42 +1246,6 @@ impl<'a> Pipeline<'a> {
         }
     }
 
-    fn track_poison(&mut self, e: &BridgeError) -> Result<()> {
-        let BridgeError::Delivery {
-            topic,
-            partition,
-            offset,
-            reason,
-            code,
-        } = e
-        else {
-            return Ok(());
-        };
-        if !permanent(*code) || *offset < 0 {
-            return Ok(());
-        }
-        let this = SourceRef {
-            topic: self.topic_name(topic),
-            partition: *partition,
-            offset: *offset,
-        };
-        let attempts = match &self.poison {
-            Some((same, n)) if *same == this => n + 1,
-            _ => 1,
-        };
-        if attempts >= POISON_ATTEMPTS {
-            return Err(BridgeError::PoisonRecord {
-                topic: topic.clone(),
-                partition: *partition,
-                offset: *offset,
-                reason: reason.clone(),
-                attempts,
-            });
-        }
-        self.poison = Some((this, attempts));
-        Ok(())
-    }
-
     /// Backoff between failed epochs: 100 ms doubling to 10 s, cut short by shutdown.
     fn pause(&self) {
         let ms = (100u64 << self.failures_in_row.min(7)).min(10_000);
@@ -981,5 +1256,104 @@ impl<'a> Pipeline<'a> {
                 Duration::from_millis(20).min(end.saturating_duration_since(Instant::now())),
             );
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn delivery(offset: i64, code: RDKafkaErrorCode) -> BridgeError {
+        BridgeError::Delivery {
+            topic: "in".into(),
+            partition: 3,
+            offset,
+            reason: format!("{code:?}"),
+            code: Some(code),
+        }
+    }
+
+    #[test]
+    fn only_a_records_own_permanent_error_blames_it() {
+        let e = delivery(42, RDKafkaErrorCode::MessageSizeTooLarge);
+        let (topic, partition, offset, bad) = blamed_record(&e).unwrap();
+        assert_eq!((topic, partition, offset), ("in", 3, 42));
+        assert_eq!(bad.code, Some(RDKafkaErrorCode::MessageSizeTooLarge));
+        assert!(blamed_record(&delivery(42, RDKafkaErrorCode::InvalidRecord)).is_some());
+        // Collateral and passing errors blame nobody; neither does the commit marker's failure.
+        for code in [
+            RDKafkaErrorCode::State,
+            RDKafkaErrorCode::PurgeQueue,
+            RDKafkaErrorCode::MessageTimedOut,
+            RDKafkaErrorCode::NotEnoughReplicas,
+        ] {
+            assert!(blamed_record(&delivery(42, code)).is_none(), "{code:?}");
+        }
+        assert!(blamed_record(&delivery(-1, RDKafkaErrorCode::MessageSizeTooLarge)).is_none());
+        let timeout = BridgeError::CheckpointTimeout {
+            id: 1,
+            step: "flush",
+            timeout: Duration::from_secs(1),
+        };
+        assert!(blamed_record(&timeout).is_none());
+    }
+
+    #[test]
+    fn the_fix_fits_the_error() {
+        let size = fix_for(Some(RDKafkaErrorCode::MessageSizeTooLarge), "out");
+        assert!(size.contains("max.message.bytes of topic 'out'"), "{size}");
+        assert!(size.contains("message.max.bytes in [sink.kafka]"), "{size}");
+        let ts = fix_for(Some(RDKafkaErrorCode::InvalidTimestamp), "out");
+        assert!(ts.contains("message.timestamp"), "{ts}");
+        let other = fix_for(Some(RDKafkaErrorCode::InvalidRecord), "out");
+        assert!(other.contains("compacted"), "{other}");
+    }
+
+    #[test]
+    fn a_dead_letter_keeps_its_headers_and_names_its_origin() {
+        let own = OwnedHeaders::new()
+            .insert(Header {
+                key: "trace",
+                value: Some("abc"),
+            })
+            .insert::<[u8]>(Header {
+                key: "empty",
+                value: None,
+            });
+        let src = SourceRef {
+            topic: "orders".into(),
+            partition: 2,
+            offset: 50_000,
+        };
+        let bad = BadRecord {
+            code: Some(RDKafkaErrorCode::MessageSizeTooLarge),
+            reason: "Message size too large".into(),
+            failed_ms: 1_700_000_000_000,
+        };
+        let h = dead_letter_headers(Some(&own), &src, &bad);
+        let all: Vec<(String, Option<String>)> = h
+            .iter()
+            .map(|h| {
+                (
+                    h.key.to_string(),
+                    h.value.map(|v| String::from_utf8_lossy(v).to_string()),
+                )
+            })
+            .collect();
+        let expected: Vec<(String, Option<String>)> = [
+            ("trace", Some("abc")),
+            ("empty", None),
+            (HEADER_SOURCE_TOPIC, Some("orders")),
+            (HEADER_SOURCE_PARTITION, Some("2")),
+            (HEADER_SOURCE_OFFSET, Some("50000")),
+            (HEADER_ERROR, Some("Message size too large")),
+            (HEADER_ERROR_TIME, Some("1700000000000")),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v.map(str::to_string)))
+        .collect();
+        assert_eq!(all, expected);
+        let none: Option<&OwnedHeaders> = None;
+        assert_eq!(dead_letter_headers(none, &src, &bad).count(), 5);
     }
 }
