@@ -192,6 +192,12 @@ pub enum StoreError {
     )]
     AlreadyCommitted { dir: PathBuf, id: u64 },
     #[error(
+        "checkpoint {id} in {} is still pending: its transaction may not have committed, so it \
+         cannot be named or unnamed a savepoint; recovery settles it at the next start",
+        .dir.display()
+    )]
+    NotCommitted { dir: PathBuf, id: u64 },
+    #[error(
         "entry {key} in {} is corrupt ({reason}); remove the entry, or move the state directory \
          away and restart: the commit marker remains the authority on what was committed",
         .dir.display()
@@ -345,14 +351,20 @@ impl CheckpointStore {
     }
 
     /// Names committed checkpoint `id` a savepoint (retention never prunes it), or with `None`
-    /// makes it an ordinary checkpoint again, which retention then treats like any other.
+    /// makes it an ordinary checkpoint again, which retention then treats like any other. A
+    /// pending checkpoint is refused: marking it committed here would claim a commit nobody saw.
     pub fn set_savepoint(&self, id: u64, name: Option<String>) -> Result<(), StoreError> {
         let mut files = self.lock();
         let mut c = self.get(id)?.ok_or_else(|| StoreError::NotFound {
             dir: self.dir.clone(),
             id,
         })?;
-        c.state = CheckpointState::Committed;
+        if c.state != CheckpointState::Committed {
+            return Err(StoreError::NotCommitted {
+                dir: self.dir.clone(),
+                id,
+            });
+        }
         c.savepoint = name;
         self.commit_with_retention(&mut files, &c)
     }
@@ -658,6 +670,29 @@ mod savepoint_tests {
             vec![4, 5],
             "an unnamed savepoint is pruned like any checkpoint"
         );
+    }
+
+    #[test]
+    fn a_pending_checkpoint_is_never_named_or_unnamed() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = CheckpointStore::open(dir.path(), 2).unwrap();
+        let mut pending = committed(7);
+        pending.savepoint = Some("sp".into());
+        store.write_pending(&pending).unwrap();
+        for name in [None, Some("other".to_string())] {
+            let err = store.set_savepoint(7, name).unwrap_err();
+            assert!(
+                matches!(err, StoreError::NotCommitted { id: 7, .. }),
+                "{err}"
+            );
+        }
+        let c = &store.load().unwrap().checkpoints[0];
+        assert_eq!(
+            (c.state, c.savepoint.as_deref()),
+            (CheckpointState::Pending, Some("sp")),
+            "still pending, still carrying its name"
+        );
+        store.discard(7).unwrap();
     }
 }
 
