@@ -559,10 +559,12 @@ pub fn read_newest_marker(s: &SinkSettings, timeout: Duration) -> Result<Option<
         let mut best: Option<Marker> = None;
         loop {
             if Instant::now() >= end_at {
-                return Err(BridgeError::Setup(format!(
-                    "reading the commit marker of '{key}' from {}/{} took longer than {timeout:?}",
-                    s.marker_topic, s.marker_partition
-                )));
+                return Err(BridgeError::MarkerRead {
+                    key,
+                    topic: s.marker_topic.clone(),
+                    partition: s.marker_partition,
+                    timeout,
+                });
             }
             match consumer.poll(Duration::from_millis(200)) {
                 None => continue,
