@@ -38,6 +38,9 @@ pub const HEADER_LEN: usize = 4 + 1 + 4;
 
 const KEY_PREFIX: &str = "ckpt/";
 const KEY_ID_DIGITS: usize = 20;
+/// The start positions a first run resolved from `source.start`, kept until the first committed
+/// checkpoint replaces them: outside `KEY_PREFIX`, so never listed, pruned or taken for a commit.
+const START_KEY: &str = "start/resolved";
 
 /// sled's default cache is 1 GiB; a store holding a handful of small checkpoints needs almost
 /// none, and the bridge runs in memory-limited containers.
@@ -369,6 +372,33 @@ impl CheckpointStore {
         self.commit_with_retention(&mut files, &c)
     }
 
+    /// The start positions kept by `put_resolved_start`, if no committed checkpoint has replaced
+    /// them yet. Stored in checkpoint form (id 0); an error if the entry is corrupt.
+    pub fn resolved_start(&self) -> Result<Option<Checkpoint>, StoreError> {
+        let Some(value) = self
+            .db
+            .get(START_KEY.as_bytes())
+            .map_err(|e| self.db_error(e))?
+        else {
+            return Ok(None);
+        };
+        decode(&value).map(Some).map_err(|e| StoreError::Corrupt {
+            dir: self.dir.clone(),
+            key: START_KEY.to_string(),
+            reason: e.to_string(),
+        })
+    }
+
+    /// Keeps the start positions a first run resolved (`latest`, a timestamp) durably, so that a
+    /// restart before the first commit starts from the same positions instead of resolving again
+    /// and skipping what arrived meanwhile. The next committed checkpoint removes them.
+    pub fn put_resolved_start(&self, c: &Checkpoint) -> Result<(), StoreError> {
+        let mut files = self.lock();
+        let mut batch = sled::Batch::default();
+        batch.insert(START_KEY.as_bytes(), encode(c));
+        self.apply_durably(&mut files, batch)
+    }
+
     /// Drops a pending checkpoint that was never committed. A missing id is not an error, so a
     /// discard interrupted by a crash can simply be repeated.
     pub fn discard(&self, id: u64) -> Result<(), StoreError> {
@@ -462,6 +492,10 @@ impl CheckpointStore {
 
         let mut batch = sled::Batch::default();
         batch.insert(checkpoint_key(c.id).as_bytes(), encode(c));
+        // A committed checkpoint supersedes the resolved start positions for good.
+        if c.state == CheckpointState::Committed {
+            batch.remove(START_KEY.as_bytes());
+        }
         for id in prune(&after, self.retain) {
             batch.remove(checkpoint_key(id).as_bytes());
         }
@@ -693,6 +727,28 @@ mod savepoint_tests {
             "still pending, still carrying its name"
         );
         store.discard(7).unwrap();
+    }
+
+    #[test]
+    fn resolved_start_survives_reopen_until_the_first_commit() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut start = committed(0);
+        start.positions.set("t", 0, 42);
+        {
+            let store = CheckpointStore::open(dir.path(), 2).unwrap();
+            assert_eq!(store.resolved_start().unwrap(), None);
+            store.put_resolved_start(&start).unwrap();
+            // A pending checkpoint proves no commit: the start positions stay.
+            store.write_pending(&committed(1)).unwrap();
+        }
+        let store = CheckpointStore::open(dir.path(), 2).unwrap();
+        assert_eq!(store.resolved_start().unwrap(), Some(start));
+        assert!(
+            store.load().unwrap().checkpoints.iter().all(|c| c.id != 0),
+            "the start positions are not a checkpoint"
+        );
+        store.mark_committed(1).unwrap();
+        assert_eq!(store.resolved_start().unwrap(), None);
     }
 }
 

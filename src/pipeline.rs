@@ -528,6 +528,12 @@ impl<'a> Pipeline<'a> {
             .with_label_values(&[outcome])
             .inc();
         let owned = self.source.owned(&self.topics);
+        // Nothing committed yet: the start positions an earlier run resolved, if it kept any.
+        let first_run = saved.is_none();
+        let saved = match saved {
+            Some(s) => Some(s),
+            None => self.kept_start()?,
+        };
         let had_state = saved.is_some();
         let saved = saved.unwrap_or_default();
         let mut positions = Positions::new();
@@ -548,6 +554,25 @@ impl<'a> Pipeline<'a> {
             positions.set(t, p, o);
         }
         self.check_out_of_range(&mut positions)?;
+        if first_run {
+            self.store.put_resolved_start(&Checkpoint {
+                id: 0,
+                bridge_id: cfg.bridge.id.clone(),
+                instance: cfg.bridge.instance,
+                instances: cfg.bridge.instances,
+                state: CheckpointState::Committed,
+                positions: positions.clone(),
+                created_ms: now_ms(),
+                savepoint: None,
+            })?;
+            if had_state {
+                info!(
+                    "no checkpoint yet: starting from the start positions kept by an earlier run"
+                );
+            } else {
+                info!(start = %cfg.source.start, "resolved source.start; the positions are kept until the first checkpoint");
+            }
+        }
         self.source.assign(&positions)?;
         for (t, p, _) in positions.iter() {
             self.shared.metrics.preset_partition(t, p);
@@ -566,6 +591,34 @@ impl<'a> Pipeline<'a> {
             s.last_checkpoint_id = self.last_id;
         });
         Ok(())
+    }
+
+    /// The start positions a run before the first commit resolved and kept, if they are this
+    /// instance's. An unreadable or foreign entry is as good as none: resolve again.
+    fn kept_start(&self) -> Result<Option<Positions>> {
+        let cfg = &self.cfg.bridge;
+        match self.store.resolved_start() {
+            Ok(Some(c))
+                if c.bridge_id == cfg.id
+                    && c.instance == cfg.instance
+                    && c.instances == cfg.instances =>
+            {
+                Ok(Some(c.positions))
+            }
+            Ok(Some(c)) => {
+                warn!(
+                    bridge_id = %c.bridge_id, instance = c.instance, instances = c.instances,
+                    "ignoring start positions kept for another bridge or layout; resolving source.start again"
+                );
+                Ok(None)
+            }
+            Ok(None) => Ok(None),
+            Err(e @ crate::checkpoint::StoreError::Corrupt { .. }) => {
+                warn!(error = %e, "ignoring unreadable kept start positions; resolving source.start again");
+                Ok(None)
+            }
+            Err(e) => Err(e.into()),
+        }
     }
 
     /// Positions that retention has deleted under us: fail, or continue from the earliest record
