@@ -11,10 +11,10 @@ use rdkafka::admin::{
 };
 use rdkafka::client::DefaultClientContext;
 use rdkafka::config::ClientConfig;
-use rdkafka::error::RDKafkaErrorCode;
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use tracing::info;
 
-use crate::error::{BridgeError, Result};
+use crate::error::{transient_code, BridgeError, Result};
 use crate::sink::is_client_wide;
 
 const TIMEOUT: Duration = Duration::from_secs(15);
@@ -146,6 +146,10 @@ impl Admin {
             match r {
                 Ok(_) => info!(topic, partitions, "created topic"),
                 Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
+                // The controller moving or a broker restarting says nothing about permissions.
+                Err((_, code)) if transient_code(code) => {
+                    return Err(BridgeError::kafka("create topic", KafkaError::AdminOp(code)))
+                }
                 Err((t, code)) => {
                     return Err(BridgeError::Setup(format!(
                         "could not create topic '{t}' on the sink cluster: {code:?}; create it yourself or grant \

@@ -14,7 +14,7 @@ use axum::routing::get;
 use axum::{Json, Router};
 use serde_json::json;
 
-use crate::checkpoint::{CheckpointStore, StoreError};
+use crate::checkpoint::{CheckpointState, CheckpointStore, StoreError};
 use crate::config::Secret;
 use crate::metrics::Metrics;
 use crate::pipeline::Command;
@@ -188,16 +188,40 @@ async fn checkpoints(State(s): State<ApiState>) -> Response {
     }
 }
 
+/// The usable savepoints: those whose checkpoint is committed.
 fn find_savepoints(s: &ApiState) -> Result<Vec<Savepoint>, ApiError> {
-    let loaded = s
-        .store
-        .load()
-        .map_err(|e| ApiError(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?;
-    Ok(loaded
+    Ok(load(s)?
         .checkpoints
         .iter()
         .filter_map(Savepoint::from_checkpoint)
         .collect())
+}
+
+fn load(s: &ApiState) -> Result<crate::checkpoint::Loaded, ApiError> {
+    s.store
+        .load()
+        .map_err(|e| ApiError(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))
+}
+
+/// "No savepoint named NAME", saying so when its checkpoint exists but is not committed yet.
+fn not_a_savepoint(loaded: &crate::checkpoint::Loaded, name: &str) -> Response {
+    match loaded
+        .checkpoints
+        .iter()
+        .find(|c| c.savepoint.as_deref() == Some(name) && c.state == CheckpointState::Pending)
+    {
+        Some(c) => error(
+            StatusCode::NOT_FOUND,
+            format!(
+                "no savepoint named '{name}' yet: checkpoint {} carrying that name is not committed",
+                c.id
+            ),
+        ),
+        None => error(
+            StatusCode::NOT_FOUND,
+            format!("no savepoint named '{name}'"),
+        ),
+    }
 }
 
 async fn savepoints(State(s): State<ApiState>) -> Response {
@@ -208,15 +232,18 @@ async fn savepoints(State(s): State<ApiState>) -> Response {
 }
 
 async fn one_savepoint(State(s): State<ApiState>, Path(name): Path<String>) -> Response {
-    match find_savepoints(&s) {
-        Ok(list) => match list.into_iter().find(|sp| sp.name == name) {
-            Some(sp) => Json(sp).into_response(),
-            None => error(
-                StatusCode::NOT_FOUND,
-                format!("no savepoint named '{name}'"),
-            ),
-        },
-        Err(r) => r.into_response(),
+    let loaded = match load(&s) {
+        Ok(l) => l,
+        Err(r) => return r.into_response(),
+    };
+    match loaded
+        .checkpoints
+        .iter()
+        .filter_map(Savepoint::from_checkpoint)
+        .find(|sp| sp.name == name)
+    {
+        Some(sp) => Json(sp).into_response(),
+        None => not_a_savepoint(&loaded, &name),
     }
 }
 
@@ -246,8 +273,14 @@ async fn take_savepoint(
     if let Err(e) = valid_name(&req.name) {
         return error(StatusCode::BAD_REQUEST, e.to_string());
     }
-    match find_savepoints(&s) {
-        Ok(list) if list.iter().any(|sp| sp.name == req.name) => {
+    // A pending checkpoint's name counts too: it becomes a savepoint when it commits.
+    match load(&s) {
+        Ok(loaded)
+            if loaded
+                .checkpoints
+                .iter()
+                .any(|c| c.savepoint.as_deref() == Some(req.name.as_str())) =>
+        {
             return error(
                 StatusCode::CONFLICT,
                 format!("a savepoint named '{}' exists already", req.name),
@@ -298,15 +331,10 @@ async fn delete_savepoint(
         Ok(l) => l,
         Err(e) => return store_error(e),
     };
-    let Some(c) = loaded
-        .checkpoints
-        .iter()
-        .find(|c| c.savepoint.as_deref() == Some(name.as_str()))
-    else {
-        return error(
-            StatusCode::NOT_FOUND,
-            format!("no savepoint named '{name}'"),
-        );
+    let Some(c) = loaded.checkpoints.iter().find(|c| {
+        c.savepoint.as_deref() == Some(name.as_str()) && c.state == CheckpointState::Committed
+    }) else {
+        return not_a_savepoint(&loaded, &name);
     };
     match s.store.set_savepoint(c.id, None) {
         Ok(()) => StatusCode::NO_CONTENT.into_response(),

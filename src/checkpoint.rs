@@ -38,6 +38,9 @@ pub const HEADER_LEN: usize = 4 + 1 + 4;
 
 const KEY_PREFIX: &str = "ckpt/";
 const KEY_ID_DIGITS: usize = 20;
+/// The start positions a first run resolved from `source.start`, kept until the first committed
+/// checkpoint replaces them: outside `KEY_PREFIX`, so never listed, pruned or taken for a commit.
+const START_KEY: &str = "start/resolved";
 
 /// sled's default cache is 1 GiB; a store holding a handful of small checkpoints needs almost
 /// none, and the bridge runs in memory-limited containers.
@@ -192,6 +195,12 @@ pub enum StoreError {
     )]
     AlreadyCommitted { dir: PathBuf, id: u64 },
     #[error(
+        "checkpoint {id} in {} is still pending: its transaction may not have committed, so it \
+         cannot be named or unnamed a savepoint; recovery settles it at the next start",
+        .dir.display()
+    )]
+    NotCommitted { dir: PathBuf, id: u64 },
+    #[error(
         "entry {key} in {} is corrupt ({reason}); remove the entry, or move the state directory \
          away and restart: the commit marker remains the authority on what was committed",
         .dir.display()
@@ -345,16 +354,49 @@ impl CheckpointStore {
     }
 
     /// Names committed checkpoint `id` a savepoint (retention never prunes it), or with `None`
-    /// makes it an ordinary checkpoint again, which retention then treats like any other.
+    /// makes it an ordinary checkpoint again, which retention then treats like any other. A
+    /// pending checkpoint is refused: marking it committed here would claim a commit nobody saw.
     pub fn set_savepoint(&self, id: u64, name: Option<String>) -> Result<(), StoreError> {
         let mut files = self.lock();
         let mut c = self.get(id)?.ok_or_else(|| StoreError::NotFound {
             dir: self.dir.clone(),
             id,
         })?;
-        c.state = CheckpointState::Committed;
+        if c.state != CheckpointState::Committed {
+            return Err(StoreError::NotCommitted {
+                dir: self.dir.clone(),
+                id,
+            });
+        }
         c.savepoint = name;
         self.commit_with_retention(&mut files, &c)
+    }
+
+    /// The start positions kept by `put_resolved_start`, if no committed checkpoint has replaced
+    /// them yet. Stored in checkpoint form (id 0); an error if the entry is corrupt.
+    pub fn resolved_start(&self) -> Result<Option<Checkpoint>, StoreError> {
+        let Some(value) = self
+            .db
+            .get(START_KEY.as_bytes())
+            .map_err(|e| self.db_error(e))?
+        else {
+            return Ok(None);
+        };
+        decode(&value).map(Some).map_err(|e| StoreError::Corrupt {
+            dir: self.dir.clone(),
+            key: START_KEY.to_string(),
+            reason: e.to_string(),
+        })
+    }
+
+    /// Keeps the start positions a first run resolved (`latest`, a timestamp) durably, so that a
+    /// restart before the first commit starts from the same positions instead of resolving again
+    /// and skipping what arrived meanwhile. The next committed checkpoint removes them.
+    pub fn put_resolved_start(&self, c: &Checkpoint) -> Result<(), StoreError> {
+        let mut files = self.lock();
+        let mut batch = sled::Batch::default();
+        batch.insert(START_KEY.as_bytes(), encode(c));
+        self.apply_durably(&mut files, batch)
     }
 
     /// Drops a pending checkpoint that was never committed. A missing id is not an error, so a
@@ -450,6 +492,10 @@ impl CheckpointStore {
 
         let mut batch = sled::Batch::default();
         batch.insert(checkpoint_key(c.id).as_bytes(), encode(c));
+        // A committed checkpoint supersedes the resolved start positions for good.
+        if c.state == CheckpointState::Committed {
+            batch.remove(START_KEY.as_bytes());
+        }
         for id in prune(&after, self.retain) {
             batch.remove(checkpoint_key(id).as_bytes());
         }
@@ -658,6 +704,51 @@ mod savepoint_tests {
             vec![4, 5],
             "an unnamed savepoint is pruned like any checkpoint"
         );
+    }
+
+    #[test]
+    fn a_pending_checkpoint_is_never_named_or_unnamed() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = CheckpointStore::open(dir.path(), 2).unwrap();
+        let mut pending = committed(7);
+        pending.savepoint = Some("sp".into());
+        store.write_pending(&pending).unwrap();
+        for name in [None, Some("other".to_string())] {
+            let err = store.set_savepoint(7, name).unwrap_err();
+            assert!(
+                matches!(err, StoreError::NotCommitted { id: 7, .. }),
+                "{err}"
+            );
+        }
+        let c = &store.load().unwrap().checkpoints[0];
+        assert_eq!(
+            (c.state, c.savepoint.as_deref()),
+            (CheckpointState::Pending, Some("sp")),
+            "still pending, still carrying its name"
+        );
+        store.discard(7).unwrap();
+    }
+
+    #[test]
+    fn resolved_start_survives_reopen_until_the_first_commit() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut start = committed(0);
+        start.positions.set("t", 0, 42);
+        {
+            let store = CheckpointStore::open(dir.path(), 2).unwrap();
+            assert_eq!(store.resolved_start().unwrap(), None);
+            store.put_resolved_start(&start).unwrap();
+            // A pending checkpoint proves no commit: the start positions stay.
+            store.write_pending(&committed(1)).unwrap();
+        }
+        let store = CheckpointStore::open(dir.path(), 2).unwrap();
+        assert_eq!(store.resolved_start().unwrap(), Some(start));
+        assert!(
+            store.load().unwrap().checkpoints.iter().all(|c| c.id != 0),
+            "the start positions are not a checkpoint"
+        );
+        store.mark_committed(1).unwrap();
+        assert_eq!(store.resolved_start().unwrap(), None);
     }
 }
 

@@ -19,7 +19,7 @@ use crate::error::{BridgeError, Result};
 use crate::metrics::Metrics;
 use crate::pipeline::{self, Shared};
 use crate::savepoint::Restore;
-use crate::status::Status;
+use crate::status::{snapshot, RunState, Status};
 
 pub fn run(cfg: Arc<Config>, restore: Option<Restore>) -> Result<()> {
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -86,6 +86,7 @@ async fn serve(cfg: Arc<Config>, restore: Option<Restore>) -> Result<()> {
     tokio::spawn(watch_signals(shutdown.clone()));
 
     let (done_tx, done_rx) = oneshot::channel();
+    let pipeline_status = status.clone();
     let shared = Shared {
         metrics,
         status,
@@ -106,6 +107,15 @@ async fn serve(cfg: Arc<Config>, restore: Option<Restore>) -> Result<()> {
     tokio::select! {
         r = &mut done_rx => return flatten(r),
         _ = shutdown.cancelled() => {}
+    }
+    // Start-up can be blocked for up to a minute in a call to a cluster that is down; before the
+    // first epoch no transaction is open and nothing waits to be committed, so do not wait.
+    let st = snapshot(&pipeline_status);
+    if st.epoch_started_at.is_none()
+        && matches!(st.state, RunState::Starting | RunState::Recovering)
+    {
+        info!("shutdown requested during start-up: nothing to finish");
+        return Ok(());
     }
     let drain = cfg.shutdown.timeout;
     info!(timeout = ?drain, "shutdown requested: finishing the current checkpoint");

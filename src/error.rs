@@ -126,16 +126,30 @@ pub enum BridgeError {
         waited: Duration,
     },
 
+    /// The marker read did not finish in time: the sink cluster is down, slow, or its marker
+    /// partition is held back. Recovery is tried again; it never guesses without the marker.
     #[error(
-        "reading the commit marker of '{key}' from {topic}/{partition} took longer than {timeout:?}; \
-         retrying (is the sink cluster reachable?)"
+        "reading the commit marker of '{key}' from {topic}/{partition} took longer than {timeout:?}: the sink \
+         cluster is unreachable or slow; retrying"
     )]
-    MarkerReadTimeout {
+    MarkerRead {
         key: String,
         topic: String,
         partition: i32,
         timeout: Duration,
     },
+
+    #[error(
+        "source.topics: topic(s) {topics:?} do not exist on the source cluster; create them or fix source.topics"
+    )]
+    SourceTopicsMissing { topics: Vec<String> },
+
+    /// Listed topics the source cluster knows but reports an error for (leader not available
+    /// while a broker restarts, ...): a passing state, retried.
+    #[error(
+        "source.topics: topic(s) {topics:?} are not available on the source cluster right now"
+    )]
+    SourceTopicsUnavailable { topics: Vec<String> },
 
     #[error("{0}")]
     Setup(String),
@@ -176,7 +190,8 @@ impl BridgeError {
                 _ => Action::Abort,
             },
             BridgeError::CheckpointTimeout { .. } => Action::Abort,
-            BridgeError::MarkerReadTimeout { .. } => Action::Rebuild,
+            BridgeError::MarkerRead { .. } => Action::Rebuild,
+            BridgeError::SourceTopicsUnavailable { .. } => Action::Retry,
             BridgeError::Fenced { .. }
             | BridgeError::Unauthorized { .. }
             | BridgeError::Config(_)
@@ -186,12 +201,30 @@ impl BridgeError {
             | BridgeError::OffsetOutOfRange { .. }
             | BridgeError::MarkerTopicShared { .. }
             | BridgeError::MarkerPartitionUnstable { .. }
+            | BridgeError::SourceTopicsMissing { .. }
             | BridgeError::Setup(_) => Action::Stop,
         }
     }
 
+    /// Whether the error says a cluster is unreachable or busy right now, so that waiting and
+    /// trying again can succeed without anyone doing anything: start-up waits these out.
+    pub fn is_transient(&self) -> bool {
+        match self {
+            BridgeError::MarkerRead { .. } | BridgeError::SourceTopicsUnavailable { .. } => true,
+            BridgeError::Kafka { source, .. } => match source {
+                KafkaError::Transaction(t) => {
+                    !is_auth(t.code())
+                        && !t.is_fatal()
+                        && (t.is_retriable() || transient_code(t.code()))
+                }
+                other => other.rdkafka_error_code().is_some_and(transient_code),
+            },
+            _ => false,
+        }
+    }
+
     /// Every value `reason()` can return, so that metrics can show each at zero from the start.
-    pub const REASONS: [&'static str; 14] = [
+    pub const REASONS: [&'static str; 13] = [
         "kafka_error",
         "delivery_error",
         "checkpoint_timeout",
@@ -204,14 +237,15 @@ impl BridgeError {
         "config",
         "marker_topic_shared",
         "marker_partition_unstable",
-        "marker_read_timeout",
         "setup",
     ];
 
     /// A short label for metrics and logs.
     pub fn reason(&self) -> &'static str {
         match self {
-            BridgeError::Kafka { .. } => "kafka_error",
+            BridgeError::Kafka { .. } | BridgeError::MarkerRead { .. } => "kafka_error",
+            BridgeError::SourceTopicsUnavailable { .. } => "kafka_error",
+            BridgeError::SourceTopicsMissing { .. } => "setup",
             BridgeError::Delivery { .. } => "delivery_error",
             BridgeError::CheckpointTimeout { .. } => "checkpoint_timeout",
             BridgeError::Fenced { .. } => "fenced",
@@ -223,7 +257,6 @@ impl BridgeError {
             BridgeError::Config(_) => "config",
             BridgeError::MarkerTopicShared { .. } => "marker_topic_shared",
             BridgeError::MarkerPartitionUnstable { .. } => "marker_partition_unstable",
-            BridgeError::MarkerReadTimeout { .. } => "marker_read_timeout",
             BridgeError::Setup(_) => "setup",
         }
     }
@@ -247,6 +280,37 @@ pub fn is_auth(code: RDKafkaErrorCode) -> bool {
             | RDKafkaErrorCode::ClusterAuthorizationFailed
             | RDKafkaErrorCode::SaslAuthenticationFailed
             | RDKafkaErrorCode::Authentication
+    )
+}
+
+/// Codes of a cluster that is down, restarting or moving leaders: nothing is wrong with the
+/// request, only with the moment.
+pub fn transient_code(code: RDKafkaErrorCode) -> bool {
+    matches!(
+        code,
+        RDKafkaErrorCode::BrokerTransportFailure
+            | RDKafkaErrorCode::Resolve
+            | RDKafkaErrorCode::AllBrokersDown
+            | RDKafkaErrorCode::OperationTimedOut
+            | RDKafkaErrorCode::RequestTimedOut
+            | RDKafkaErrorCode::BrokerNotAvailable
+            | RDKafkaErrorCode::LeaderNotAvailable
+            | RDKafkaErrorCode::NotLeaderForPartition
+            | RDKafkaErrorCode::ReplicaNotAvailable
+            | RDKafkaErrorCode::NetworkException
+            | RDKafkaErrorCode::CoordinatorLoadInProgress
+            | RDKafkaErrorCode::CoordinatorNotAvailable
+            | RDKafkaErrorCode::NotCoordinator
+            | RDKafkaErrorCode::WaitingForCoordinator
+            | RDKafkaErrorCode::ConcurrentTransactions
+            | RDKafkaErrorCode::NotEnoughReplicas
+            | RDKafkaErrorCode::NotEnoughReplicasAfterAppend
+            | RDKafkaErrorCode::NotController
+            | RDKafkaErrorCode::KafkaStorageError
+            | RDKafkaErrorCode::ThrottlingQuotaExceeded
+            // A topic created a moment ago (the marker topic) is not known to every broker yet.
+            | RDKafkaErrorCode::UnknownTopicOrPartition
+            | RDKafkaErrorCode::UnknownTopic
     )
 }
 
@@ -334,6 +398,41 @@ mod tests {
             code: Some(RDKafkaErrorCode::Fatal),
         };
         assert_eq!(fatal.action(), Action::Rebuild);
+    }
+
+    #[test]
+    fn an_unreachable_cluster_is_transient_and_a_marker_read_timeout_is_retried() {
+        let down = BridgeError::kafka(
+            "fetch sink metadata",
+            KafkaError::MetadataFetch(RDKafkaErrorCode::BrokerTransportFailure),
+        );
+        assert!(down.is_transient());
+        assert_ne!(down.action(), Action::Stop);
+        let timed_out = BridgeError::MarkerRead {
+            key: "b/0".into(),
+            topic: "markers".into(),
+            partition: 0,
+            timeout: Duration::from_secs(60),
+        };
+        assert!(timed_out.is_transient());
+        assert_eq!(timed_out.action(), Action::Rebuild);
+        assert!(timed_out.to_string().contains("markers/0"), "{timed_out}");
+        for not_transient in [
+            BridgeError::kafka(
+                "describe sink broker configs",
+                KafkaError::AdminOp(RDKafkaErrorCode::ClusterAuthorizationFailed),
+            ),
+            BridgeError::kafka(
+                "create admin client",
+                KafkaError::ClientCreation("bad property".into()),
+            ),
+            BridgeError::Setup("x".into()),
+            BridgeError::SourceTopicsMissing {
+                topics: vec!["t".into()],
+            },
+        ] {
+            assert!(!not_transient.is_transient(), "{not_transient}");
+        }
     }
 
     #[test]

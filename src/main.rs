@@ -226,6 +226,19 @@ fn export_savepoint(dir: &std::path::Path, name: &str) -> anyhow::Result<()> {
     let store = eos_bridge::checkpoint::CheckpointStore::open(dir, usize::MAX)
         .with_context(|| format!("opening {}", dir.display()))?;
     let loaded = store.load()?;
+    if let Some(c) = loaded.checkpoints.iter().find(|c| {
+        c.savepoint.as_deref() == Some(name)
+            && c.state == eos_bridge::checkpoint::CheckpointState::Pending
+    }) {
+        anyhow::bail!(
+            "savepoint '{name}' is not usable: checkpoint {} carrying it in {} is still pending (the bridge \
+             stopped before its commit was recorded), so its transaction may not have committed. Start the bridge \
+             on this state directory once: recovery keeps the savepoint if the commit marker proves the commit and \
+             drops it otherwise; then take or export the savepoint again",
+            c.id,
+            dir.display()
+        );
+    }
     let sp = loaded
         .checkpoints
         .iter()

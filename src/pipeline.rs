@@ -46,6 +46,9 @@ const CONNECT_DEADLINE: Duration = Duration::from_secs(60);
 const FOREIGN_TRANSACTION_MARGIN: Duration = Duration::from_secs(60);
 /// Every n-th record's timestamp feeds the end-to-end latency histogram.
 const LATENCY_SAMPLE: u64 = 64;
+/// How long a listed source topic may be missing (a broker that restarts can briefly not know
+/// it) before the bridge stops, at start-up and while running.
+const MISSING_TOPIC_WAIT: Duration = Duration::from_secs(30);
 
 pub struct Shared {
     pub metrics: Arc<Metrics>,
@@ -209,6 +212,62 @@ fn interned(names: &mut HashMap<String, Arc<str>>, topic: &str) -> Arc<str> {
     t
 }
 
+/// Wait between start-up attempts: 0.5 s doubling to at most 10 s.
+fn startup_backoff(attempt: u32) -> Duration {
+    Duration::from_millis((500u64 << attempt.min(5)).min(10_000))
+}
+
+/// Sleeps for `d`, or less when shutdown is requested.
+fn sleep_unless_shutdown(token: &CancellationToken, d: Duration) {
+    let end = Instant::now() + d;
+    while Instant::now() < end && !token.is_cancelled() {
+        std::thread::sleep(
+            Duration::from_millis(20).min(end.saturating_duration_since(Instant::now())),
+        );
+    }
+}
+
+/// One step of start-up, tried until it succeeds: the errors `retry` accepts (a cluster that is
+/// down or restarting) are waited out with a growing pause and a log line per attempt, as the
+/// running loop waits out an outage, instead of exiting for the orchestrator to retry blindly.
+/// None when shutdown is requested while waiting.
+fn wait_out<T>(
+    shared: &Shared,
+    step: &'static str,
+    retry: impl Fn(&BridgeError) -> bool,
+    mut f: impl FnMut() -> Result<T>,
+) -> Result<Option<T>> {
+    let mut attempt = 0u32;
+    loop {
+        if shared.shutdown.is_cancelled() {
+            return Ok(None);
+        }
+        match f() {
+            Ok(v) => {
+                if attempt > 0 {
+                    info!(step, attempts = attempt + 1, "start-up step succeeded");
+                }
+                return Ok(Some(v));
+            }
+            Err(e) if retry(&e) => {
+                let pause = startup_backoff(attempt);
+                attempt += 1;
+                warn!(
+                    step,
+                    attempt,
+                    retry_in_ms = pause.as_millis() as u64,
+                    error = %e,
+                    "start-up: waiting for the cluster"
+                );
+                // The loop is alive, only waiting: liveness must not restart it for that.
+                status::update(&shared.status, |s| s.heartbeat = Instant::now());
+                sleep_unless_shutdown(&shared.shutdown, pause);
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
 /// Runs the bridge until shutdown or a fatal error.
 pub fn run(
     cfg: Arc<Config>,
@@ -216,7 +275,16 @@ pub fn run(
     commands: Receiver<Command>,
     restore: Option<Restore>,
 ) -> Result<()> {
-    let result = Pipeline::start(cfg, &shared, commands, restore).and_then(|mut p| p.run_loop());
+    let result = match Pipeline::start(cfg, &shared, commands, restore) {
+        Ok(Some(mut p)) => p.run_loop(),
+        Ok(None) => {
+            info!(
+                "shutdown requested during start-up; no transaction was begun, nothing to finish"
+            );
+            Ok(())
+        }
+        Err(e) => Err(e),
+    };
     status::update(&shared.status, |s| match &result {
         Ok(()) => s.state = RunState::Stopped,
         Err(e) => {
@@ -254,6 +322,8 @@ struct Pipeline<'a> {
     failures_in_row: u32,
     /// Id of a pending checkpoint written to sled in the current epoch, not yet committed.
     pending: Option<u64>,
+    /// Since when discovery has found a listed source topic missing.
+    topics_missing_since: Option<Instant>,
 }
 
 impl<'a> Pipeline<'a> {
@@ -261,12 +331,14 @@ impl<'a> Pipeline<'a> {
         self.cfg.bridge.delivery == Delivery::ExactlyOnce
     }
 
+    /// Connects, discovers and recovers, waiting out clusters that are down (None: shutdown was
+    /// requested meanwhile).
     fn start(
         cfg: Arc<Config>,
         shared: &'a Shared,
         commands: Receiver<Command>,
         restore: Option<Restore>,
-    ) -> Result<Pipeline<'a>> {
+    ) -> Result<Option<Pipeline<'a>>> {
         let sink_kafka: Vec<(String, String)> = cfg
             .sink
             .kafka
@@ -276,12 +348,17 @@ impl<'a> Pipeline<'a> {
         let admin = Admin::new(&cfg.sink.bootstrap_servers, &sink_kafka)?;
         let exactly_once = cfg.bridge.delivery == Delivery::ExactlyOnce;
 
+        let transient = |e: &BridgeError| e.is_transient();
+
         // The timeout rule, before anything is consumed.
         let mut foreign_transaction_wait = Duration::ZERO;
         if exactly_once {
-            let max = shared
-                .runtime
-                .block_on(admin.transaction_max_timeout_ms())?;
+            let Some(max) = wait_out(shared, "read transaction.max.timeout.ms", transient, || {
+                shared.runtime.block_on(admin.transaction_max_timeout_ms())
+            })?
+            else {
+                return Ok(None);
+            };
             cfg.check_broker_timeout(max)
                 .map_err(|e| BridgeError::Config(crate::config::ConfigErrors(vec![e])))?;
             // No transaction on the sink cluster outlives the broker's maximum timeout plus the
@@ -295,9 +372,14 @@ impl<'a> Pipeline<'a> {
         let router = Router::new(&cfg.sink.topic, cfg.sink.partitioning);
 
         let marker_partition = if exactly_once {
-            let n = shared.runtime.block_on(
-                admin.ensure_marker_topic(&cfg.sink.marker_topic, cfg.bridge.instances),
-            )?;
+            let Some(n) = wait_out(shared, "ensure the marker topic", transient, || {
+                shared.runtime.block_on(
+                    admin.ensure_marker_topic(&cfg.sink.marker_topic, cfg.bridge.instances),
+                )
+            })?
+            else {
+                return Ok(None);
+            };
             marker_partition(cfg.bridge.instance, n)
         } else {
             0
@@ -313,7 +395,12 @@ impl<'a> Pipeline<'a> {
             bridge_id: cfg.bridge.id.clone(),
             instance: cfg.bridge.instance,
         };
-        let sink = Sink::connect(settings, CONNECT_DEADLINE)?;
+        let Some(sink) = wait_out(shared, "initialise the sink producer", transient, || {
+            Sink::connect(settings.clone(), CONNECT_DEADLINE)
+        })?
+        else {
+            return Ok(None);
+        };
         status::update(&shared.status, |s| s.transactions_ready = true);
 
         let mut p = Pipeline {
@@ -337,10 +424,30 @@ impl<'a> Pipeline<'a> {
             dead_letter_partitions: HashMap::new(),
             failures_in_row: 0,
             pending: None,
+            topics_missing_since: None,
         };
-        p.discover_topics()?;
-        p.recover()?;
-        Ok(p)
+        // A listed topic that is missing may be one a restarting broker does not know yet: wait a
+        // little, then stop with the error that names it.
+        let began = Instant::now();
+        let missing_for_now = |e: &BridgeError| {
+            e.is_transient()
+                || (matches!(e, BridgeError::SourceTopicsMissing { .. })
+                    && began.elapsed() < MISSING_TOPIC_WAIT)
+        };
+        if wait_out(
+            shared,
+            "discover the source topics",
+            missing_for_now,
+            || p.discover_topics(),
+        )?
+        .is_none()
+        {
+            return Ok(None);
+        }
+        if wait_out(shared, "recover", transient, || p.recover())?.is_none() {
+            return Ok(None);
+        }
+        Ok(Some(p))
     }
 
     fn topic_name(&mut self, topic: &str) -> Arc<str> {
@@ -394,6 +501,7 @@ impl<'a> Pipeline<'a> {
         }
         self.topics = found;
         self.last_discovery = Instant::now();
+        self.topics_missing_since = None;
         Ok(changed)
     }
 
@@ -560,6 +668,12 @@ impl<'a> Pipeline<'a> {
             .with_label_values(&[outcome])
             .inc();
         let owned = self.source.owned(&self.topics);
+        // Nothing committed yet: the start positions an earlier run resolved, if it kept any.
+        let first_run = saved.is_none();
+        let saved = match saved {
+            Some(s) => Some(s),
+            None => self.kept_start()?,
+        };
         let had_state = saved.is_some();
         let saved = saved.unwrap_or_default();
         let mut positions = Positions::new();
@@ -580,6 +694,25 @@ impl<'a> Pipeline<'a> {
             positions.set(t, p, o);
         }
         self.check_out_of_range(&mut positions)?;
+        if first_run {
+            self.store.put_resolved_start(&Checkpoint {
+                id: 0,
+                bridge_id: cfg.bridge.id.clone(),
+                instance: cfg.bridge.instance,
+                instances: cfg.bridge.instances,
+                state: CheckpointState::Committed,
+                positions: positions.clone(),
+                created_ms: now_ms(),
+                savepoint: None,
+            })?;
+            if had_state {
+                info!(
+                    "no checkpoint yet: starting from the start positions kept by an earlier run"
+                );
+            } else {
+                info!(start = %cfg.source.start, "resolved source.start; the positions are kept until the first checkpoint");
+            }
+        }
         self.source.assign(&positions)?;
         for (t, p, _) in positions.iter() {
             self.shared.metrics.preset_partition(t, p);
@@ -598,6 +731,34 @@ impl<'a> Pipeline<'a> {
             s.last_checkpoint_id = self.last_id;
         });
         Ok(())
+    }
+
+    /// The start positions a run before the first commit resolved and kept, if they are this
+    /// instance's. An unreadable or foreign entry is as good as none: resolve again.
+    fn kept_start(&self) -> Result<Option<Positions>> {
+        let cfg = &self.cfg.bridge;
+        match self.store.resolved_start() {
+            Ok(Some(c))
+                if c.bridge_id == cfg.id
+                    && c.instance == cfg.instance
+                    && c.instances == cfg.instances =>
+            {
+                Ok(Some(c.positions))
+            }
+            Ok(Some(c)) => {
+                warn!(
+                    bridge_id = %c.bridge_id, instance = c.instance, instances = c.instances,
+                    "ignoring start positions kept for another bridge or layout; resolving source.start again"
+                );
+                Ok(None)
+            }
+            Ok(None) => Ok(None),
+            Err(e @ crate::checkpoint::StoreError::Corrupt { .. }) => {
+                warn!(error = %e, "ignoring unreadable kept start positions; resolving source.start again");
+                Ok(None)
+            }
+            Err(e) => Err(e.into()),
+        }
     }
 
     /// Positions that retention has deleted under us: fail, or continue from the earliest record
@@ -721,6 +882,19 @@ impl<'a> Pipeline<'a> {
                     self.committed.set(t, p, o);
                 }
                 self.source.assign(&self.committed)
+            }
+            Err(e @ BridgeError::SourceTopicsMissing { .. }) => {
+                let since = *self.topics_missing_since.get_or_insert_with(Instant::now);
+                if since.elapsed() >= MISSING_TOPIC_WAIT {
+                    return Err(e);
+                }
+                warn!(
+                    error = %e,
+                    missing_for_s = since.elapsed().as_secs(),
+                    stop_after_s = MISSING_TOPIC_WAIT.as_secs(),
+                    "listed source topics are missing; the bridge stops if they stay missing"
+                );
+                Ok(())
             }
             Err(e) if e.action() == Action::Stop => Err(e),
             Err(e) => {
@@ -1355,5 +1529,72 @@ mod tests {
         assert_eq!(all, expected);
         let none: Option<&OwnedHeaders> = None;
         assert_eq!(dead_letter_headers(none, &src, &bad).count(), 5);
+    }
+
+    fn shared(dir: &std::path::Path, runtime: &tokio::runtime::Runtime) -> Shared {
+        Shared {
+            metrics: Arc::new(Metrics::new()),
+            status: status::Status::new("b", 0, 1, "exactly-once").shared(),
+            shutdown: CancellationToken::new(),
+            runtime: runtime.handle().clone(),
+            store: Arc::new(CheckpointStore::open(dir, 3).unwrap()),
+        }
+    }
+
+    fn down() -> BridgeError {
+        BridgeError::kafka(
+            "fetch sink metadata",
+            KafkaError::MetadataFetch(RDKafkaErrorCode::AllBrokersDown),
+        )
+    }
+
+    #[test]
+    fn start_up_waits_out_transient_errors_only_and_stops_waiting_on_shutdown() {
+        let dir = tempfile::tempdir().unwrap();
+        let runtime = tokio::runtime::Runtime::new().unwrap();
+        let shared = shared(dir.path(), &runtime);
+        let transient = |e: &BridgeError| e.is_transient();
+
+        let mut calls = 0;
+        let got = wait_out(&shared, "test", transient, || {
+            calls += 1;
+            if calls < 3 {
+                Err(down())
+            } else {
+                Ok(calls)
+            }
+        });
+        assert_eq!(got.unwrap(), Some(3));
+
+        let mut calls = 0;
+        let got: Result<Option<()>> = wait_out(&shared, "test", transient, || {
+            calls += 1;
+            Err(BridgeError::Setup("permanent".into()))
+        });
+        assert!(matches!(got, Err(BridgeError::Setup(_))));
+        assert_eq!(calls, 1, "a permanent error is not retried");
+
+        let token = shared.shutdown.clone();
+        let canceller = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(300));
+            token.cancel();
+        });
+        let began = Instant::now();
+        let got: Result<Option<()>> = wait_out(&shared, "test", transient, || Err(down()));
+        canceller.join().unwrap();
+        assert!(matches!(got, Ok(None)));
+        assert!(
+            began.elapsed() < Duration::from_secs(3),
+            "{:?}",
+            began.elapsed()
+        );
+    }
+
+    #[test]
+    fn start_up_backoff_grows_and_is_capped() {
+        let waits: Vec<u64> = (0..8)
+            .map(|a| startup_backoff(a).as_millis() as u64)
+            .collect();
+        assert_eq!(waits, [500, 1000, 2000, 4000, 8000, 10_000, 10_000, 10_000]);
     }
 }

@@ -10,7 +10,7 @@ use std::collections::BTreeSet;
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
-use crate::checkpoint::Checkpoint;
+use crate::checkpoint::{Checkpoint, CheckpointState};
 use crate::positions::Positions;
 
 pub const FORMAT: &str = "eos-bridge-savepoint";
@@ -83,8 +83,13 @@ pub fn valid_name(name: &str) -> Result<(), SavepointError> {
 }
 
 impl Savepoint {
-    /// The portable form of a checkpoint that is a savepoint.
+    /// The portable form of a checkpoint that is a savepoint. A pending checkpoint is none yet:
+    /// until its commit is proven its positions may be past what the sink holds, and restoring
+    /// them would skip records.
     pub fn from_checkpoint(c: &Checkpoint) -> Option<Savepoint> {
+        if c.state != CheckpointState::Committed {
+            return None;
+        }
         Some(Savepoint {
             format: FORMAT.to_string(),
             version: VERSION,
@@ -201,7 +206,6 @@ impl Restore {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::checkpoint::CheckpointState;
 
     fn sp(name: &str, instance: u32, instances: u32, parts: &[(i32, i64)]) -> Savepoint {
         let c = Checkpoint {
@@ -218,6 +222,23 @@ mod tests {
             savepoint: Some(name.into()),
         };
         Savepoint::from_checkpoint(&c).unwrap()
+    }
+
+    #[test]
+    fn a_pending_checkpoint_is_not_a_savepoint_yet() {
+        let mut c = Checkpoint {
+            id: 3,
+            bridge_id: "b".into(),
+            instance: 0,
+            instances: 1,
+            state: CheckpointState::Pending,
+            positions: Positions::new(),
+            created_ms: 1,
+            savepoint: Some("sp".into()),
+        };
+        assert_eq!(Savepoint::from_checkpoint(&c), None);
+        c.state = CheckpointState::Committed;
+        assert_eq!(Savepoint::from_checkpoint(&c).unwrap().name, "sp");
     }
 
     #[test]

@@ -851,8 +851,8 @@ pub fn read_newest_marker(
         let mut best: Option<Marker> = None;
         loop {
             if Instant::now() >= end_at {
-                return Err(BridgeError::MarkerReadTimeout {
-                    key: key.clone(),
+                return Err(BridgeError::MarkerRead {
+                    key,
                     topic: s.marker_topic.clone(),
                     partition: s.marker_partition,
                     timeout,

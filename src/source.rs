@@ -11,14 +11,14 @@ use std::time::Duration;
 
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext};
-use rdkafka::error::KafkaResult;
+use rdkafka::error::{KafkaResult, RDKafkaErrorCode};
 use rdkafka::message::BorrowedMessage;
 use rdkafka::statistics::Statistics;
 use rdkafka::{ClientContext, Offset, TopicPartitionList};
 use regex::Regex;
 
 use crate::config::{Config, StartPosition};
-use crate::error::{BridgeError, Result};
+use crate::error::{is_auth, BridgeError, Result};
 use crate::positions::Positions;
 
 const METADATA_TIMEOUT: Duration = Duration::from_secs(10);
@@ -100,36 +100,23 @@ impl Source {
     }
 
     /// Source topics that exist now, with their partition counts. Listed topics that do not exist
-    /// are an error naming them; a pattern may match nothing yet.
+    /// are an error naming them (`SourceTopicsMissing`); listed topics the cluster reports an
+    /// error for are `SourceTopicsUnavailable`, a passing state; a pattern may match nothing yet.
     pub fn discover(&self) -> Result<BTreeMap<String, i32>> {
         let md = self
             .consumer
             .fetch_metadata(None, METADATA_TIMEOUT)
             .map_err(|e| BridgeError::kafka("fetch source metadata", e))?;
-        let mut found = BTreeMap::new();
-        for t in md.topics() {
-            let wanted = match &self.selector {
-                Selector::List(list) => list.iter().any(|l| l == t.name()),
-                Selector::Pattern(re) => !t.name().starts_with("__") && re.is_match(t.name()),
-            };
-            if wanted && t.error().is_none() && !t.partitions().is_empty() {
-                found.insert(t.name().to_string(), t.partitions().len() as i32);
-            }
-        }
-        if let Selector::List(list) = &self.selector {
-            let missing: Vec<&str> = list
-                .iter()
-                .filter(|t| !found.contains_key(*t))
-                .map(String::as_str)
-                .collect();
-            if !missing.is_empty() {
-                return Err(BridgeError::Setup(format!(
-                    "source.topics: topic(s) {missing:?} do not exist on the source cluster; create them or fix \
-                     source.topics"
-                )));
-            }
-        }
-        Ok(found)
+        let seen: Vec<TopicMetadata> = md
+            .topics()
+            .iter()
+            .map(|t| TopicMetadata {
+                name: t.name().to_string(),
+                error: t.error().map(RDKafkaErrorCode::from),
+                partitions: t.partitions().len() as i32,
+            })
+            .collect();
+        select_topics(&self.selector, &seen)
     }
 
     /// The (topic, partition) pairs this instance owns among the discovered ones.
@@ -230,9 +217,148 @@ impl Source {
     }
 }
 
+/// What the source cluster said about one topic.
+struct TopicMetadata {
+    name: String,
+    error: Option<RDKafkaErrorCode>,
+    partitions: i32,
+}
+
+/// The topics the selector wants among those the cluster reported. A listed topic the cluster
+/// does not know is missing; one it knows but reports an error for (or without partitions) is
+/// unavailable for now; one the bridge may not describe is an authorization failure.
+fn select_topics(selector: &Selector, seen: &[TopicMetadata]) -> Result<BTreeMap<String, i32>> {
+    let mut found = BTreeMap::new();
+    let mut unavailable = Vec::new();
+    for t in seen {
+        let wanted = match selector {
+            Selector::List(list) => list.contains(&t.name),
+            Selector::Pattern(re) => !t.name.starts_with("__") && re.is_match(&t.name),
+        };
+        if !wanted {
+            continue;
+        }
+        match t.error {
+            None if t.partitions > 0 => {
+                found.insert(t.name.clone(), t.partitions);
+            }
+            Some(code) if is_auth(code) => {
+                return Err(BridgeError::Unauthorized {
+                    op: "describe source topic",
+                    code,
+                })
+            }
+            Some(RDKafkaErrorCode::UnknownTopicOrPartition | RDKafkaErrorCode::UnknownTopic) => {}
+            _ => unavailable.push(t.name.clone()),
+        }
+    }
+    if let Selector::List(list) = selector {
+        let missing: Vec<String> = list
+            .iter()
+            .filter(|t| !found.contains_key(*t) && !unavailable.contains(t))
+            .cloned()
+            .collect();
+        if !missing.is_empty() {
+            return Err(BridgeError::SourceTopicsMissing { topics: missing });
+        }
+        if !unavailable.is_empty() {
+            return Err(BridgeError::SourceTopicsUnavailable {
+                topics: unavailable,
+            });
+        }
+    }
+    Ok(found)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::error::Action;
+
+    fn md(name: &str, error: Option<RDKafkaErrorCode>, partitions: i32) -> TopicMetadata {
+        TopicMetadata {
+            name: name.into(),
+            error,
+            partitions,
+        }
+    }
+
+    #[test]
+    fn listed_topics_are_found_missing_or_unavailable() {
+        let list = Selector::List(vec!["a".into(), "b".into()]);
+        let ok = select_topics(
+            &list,
+            &[md("a", None, 3), md("b", None, 1), md("c", None, 2)],
+        )
+        .unwrap();
+        assert_eq!(
+            ok.into_iter().collect::<Vec<_>>(),
+            [("a".to_string(), 3), ("b".to_string(), 1)]
+        );
+
+        let err = select_topics(&list, &[md("a", None, 3)]).unwrap_err();
+        assert!(
+            matches!(&err, BridgeError::SourceTopicsMissing { topics } if topics == &["b"]),
+            "{err}"
+        );
+        assert_eq!(err.action(), Action::Stop);
+        assert!(!err.is_transient());
+        assert!(err.to_string().contains("do not exist"), "{err}");
+        let err = select_topics(
+            &list,
+            &[
+                md("a", None, 3),
+                md("b", Some(RDKafkaErrorCode::UnknownTopicOrPartition), 0),
+            ],
+        )
+        .unwrap_err();
+        assert!(
+            matches!(err, BridgeError::SourceTopicsMissing { .. }),
+            "{err}"
+        );
+
+        // A broker restarting: the topic is there, its leader is not (yet).
+        for (error, partitions) in [(Some(RDKafkaErrorCode::LeaderNotAvailable), 3), (None, 0)] {
+            let err =
+                select_topics(&list, &[md("a", None, 3), md("b", error, partitions)]).unwrap_err();
+            assert!(
+                matches!(err, BridgeError::SourceTopicsUnavailable { .. }),
+                "{err}"
+            );
+            assert_ne!(err.action(), Action::Stop);
+            assert!(err.is_transient());
+        }
+
+        let err = select_topics(
+            &list,
+            &[
+                md("a", None, 3),
+                md("b", Some(RDKafkaErrorCode::TopicAuthorizationFailed), 0),
+            ],
+        )
+        .unwrap_err();
+        assert!(matches!(err, BridgeError::Unauthorized { .. }), "{err}");
+        assert_eq!(err.action(), Action::Stop);
+    }
+
+    #[test]
+    fn a_pattern_skips_topics_in_error_and_internal_topics() {
+        let re = Selector::Pattern(Regex::new("^(?:t.*|__.*)$").unwrap());
+        let found = select_topics(
+            &re,
+            &[
+                md("t1", None, 2),
+                md("t2", Some(RDKafkaErrorCode::LeaderNotAvailable), 2),
+                md("__consumer_offsets", None, 50),
+                md("other", None, 1),
+            ],
+        )
+        .unwrap();
+        assert_eq!(
+            found.into_iter().collect::<Vec<_>>(),
+            [("t1".to_string(), 2)]
+        );
+    }
 
     #[test]
     fn every_partition_has_exactly_one_owner() {
