@@ -68,6 +68,8 @@ pub struct BridgeConfig {
     pub instances: u32,
     pub state_dir: PathBuf,
     pub delivery: Delivery,
+    /// What to do when a cluster or topic is not the one the committed positions were taken on.
+    pub on_identity_change: IdentityPolicy,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -96,6 +98,17 @@ pub enum StartPosition {
     Latest,
     /// The first record at or after this time, in milliseconds since the Unix epoch.
     Timestamp(i64),
+}
+
+/// What to do when the source or sink cluster, or a source or sink topic, is another one than the
+/// committed positions refer to (a rebuilt cluster, a topic deleted and created again).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum IdentityPolicy {
+    /// Stop with a message naming what changed and the ways out.
+    Stop,
+    /// Bridge every source topic touched by the change again from its earliest offset; logged at
+    /// error level and counted.
+    Restart,
 }
 
 /// What to do when a position to resume from no longer exists because retention deleted it.
@@ -329,6 +342,15 @@ impl OutOfRange {
     }
 }
 
+impl IdentityPolicy {
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            IdentityPolicy::Stop => "stop",
+            IdentityPolicy::Restart => "restart",
+        }
+    }
+}
+
 impl Partitioning {
     pub const fn as_str(self) -> &'static str {
         match self {
@@ -360,6 +382,20 @@ impl FromStr for OutOfRange {
             "earliest" => Ok(OutOfRange::Earliest),
             _ => Err(format!(
                 r#"{s:?} is not an out-of-range policy: use "fail" (stop) or "earliest" (resume from the oldest record kept, counting the records lost)"#
+            )),
+        }
+    }
+}
+
+impl FromStr for IdentityPolicy {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "stop" => Ok(IdentityPolicy::Stop),
+            "restart" => Ok(IdentityPolicy::Restart),
+            _ => Err(format!(
+                r#"{s:?} is not an identity policy: use "stop" (stop and say what changed) or "restart" (bridge a recreated topic or rebuilt cluster again from its earliest offset)"#
             )),
         }
     }
@@ -407,6 +443,12 @@ impl fmt::Display for Delivery {
 }
 
 impl fmt::Display for OutOfRange {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl fmt::Display for IdentityPolicy {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.as_str())
     }
@@ -635,6 +677,7 @@ struct RawBridge {
     instances: Field<Count<u32>>,
     state_dir: Field<String>,
     delivery: Field<Parse<Delivery>>,
+    on_identity_change: Field<Parse<IdentityPolicy>>,
 }
 
 #[derive(Default, serde::Deserialize)]
@@ -1138,6 +1181,9 @@ impl Loader {
             delivery: self
                 .take("bridge.delivery", b.delivery)
                 .map_or(Delivery::ExactlyOnce, |Parse(v)| v),
+            on_identity_change: self
+                .take("bridge.on_identity_change", b.on_identity_change)
+                .map_or(IdentityPolicy::Stop, |Parse(v)| v),
         };
         let source = SourceConfig {
             bootstrap_servers: self
@@ -1915,6 +1961,7 @@ mod tests {
             instances = 4
             state_dir = "/var/lib/eos-bridge"
             delivery = "at-least-once"
+            on_identity_change = "restart"
 
             [source]
             bootstrap_servers = "src-1:9092"
@@ -1962,6 +2009,7 @@ mod tests {
                 instances: 4,
                 state_dir: "/var/lib/eos-bridge".into(),
                 delivery: Delivery::AtLeastOnce,
+                on_identity_change: IdentityPolicy::Restart,
             },
             source: SourceConfig {
                 bootstrap_servers: "src-1:9092".into(),
@@ -2021,6 +2069,7 @@ mod tests {
         assert_eq!(c.bridge.instances, 1);
         assert_eq!(c.bridge.state_dir, Path::new("state"));
         assert_eq!(c.bridge.delivery, Delivery::ExactlyOnce);
+        assert_eq!(c.bridge.on_identity_change, IdentityPolicy::Stop);
         assert_eq!(c.source.topic_pattern, None);
         assert_eq!(c.source.start, StartPosition::Earliest);
         assert_eq!(c.source.on_offset_out_of_range, OutOfRange::Fail);
@@ -2363,6 +2412,18 @@ mod tests {
                 "\"at-most-once\"",
             ],
         );
+        rejects(
+            BASE,
+            &[("EOS_BRIDGE__BRIDGE__ON_IDENTITY_CHANGE", "continue")],
+            "bridge.on_identity_change",
+            &["\"continue\"", "\"stop\"", "\"restart\""],
+        );
+        let c = load(
+            BASE,
+            &[("EOS_BRIDGE__BRIDGE__ON_IDENTITY_CHANGE", "restart")],
+        )
+        .unwrap();
+        assert_eq!(c.bridge.on_identity_change, IdentityPolicy::Restart);
     }
 
     #[test]

@@ -12,6 +12,7 @@ use thiserror::Error;
 
 use crate::checkpoint::StoreError;
 use crate::config::ConfigErrors;
+use crate::identity::IdentityError;
 use crate::recovery::RecoveryError;
 
 /// What the pipeline does about an error.
@@ -107,6 +108,19 @@ pub enum BridgeError {
         timeout: Duration,
     },
 
+    /// A cluster or topic is not the one the positions refer to, under `on_identity_change = "stop"`.
+    #[error(transparent)]
+    IdentityChanged(#[from] IdentityError),
+
+    /// Under `on_identity_change = "restart"`, a change found before a checkpoint committed: the
+    /// epoch read or wrote the new incarnation at old positions, so it is aborted and replayed
+    /// from the restarted positions.
+    #[error(
+        "{changes}; bridge.on_identity_change = \"restart\": the checkpoint is aborted and {topics} \
+         bridged again from the earliest offset"
+    )]
+    IdentityRestart { changes: String, topics: String },
+
     #[error("{0}")]
     Setup(String),
 }
@@ -128,7 +142,9 @@ impl BridgeError {
                 Some(c) if is_fencing(*c) => Action::Rebuild,
                 _ => Action::Abort,
             },
-            BridgeError::CheckpointTimeout { .. } => Action::Abort,
+            BridgeError::CheckpointTimeout { .. } | BridgeError::IdentityRestart { .. } => {
+                Action::Abort
+            }
             BridgeError::Fenced { .. }
             | BridgeError::Unauthorized { .. }
             | BridgeError::Config(_)
@@ -136,12 +152,13 @@ impl BridgeError {
             | BridgeError::Recovery(_)
             | BridgeError::PoisonRecord { .. }
             | BridgeError::OffsetOutOfRange { .. }
+            | BridgeError::IdentityChanged(_)
             | BridgeError::Setup(_) => Action::Stop,
         }
     }
 
     /// Every value `reason()` can return, so that metrics can show each at zero from the start.
-    pub const REASONS: [&'static str; 11] = [
+    pub const REASONS: [&'static str; 12] = [
         "kafka_error",
         "delivery_error",
         "checkpoint_timeout",
@@ -151,6 +168,7 @@ impl BridgeError {
         "recovery",
         "poison_record",
         "offset_out_of_range",
+        "identity_change",
         "config",
         "setup",
     ];
@@ -167,6 +185,9 @@ impl BridgeError {
             BridgeError::Recovery(_) => "recovery",
             BridgeError::PoisonRecord { .. } => "poison_record",
             BridgeError::OffsetOutOfRange { .. } => "offset_out_of_range",
+            BridgeError::IdentityChanged(_) | BridgeError::IdentityRestart { .. } => {
+                "identity_change"
+            }
             BridgeError::Config(_) => "config",
             BridgeError::Setup(_) => "setup",
         }

@@ -25,6 +25,7 @@ pub struct Metrics {
     pub dead_lettered: IntCounter,
     pub records_lost: IntCounterVec,
     pub corrupt_checkpoints: IntCounter,
+    pub identity_changes: IntCounterVec,
     pub build_info: IntGaugeVec,
 }
 
@@ -152,6 +153,15 @@ impl Metrics {
                 "Stored checkpoints that failed to decode or their checksum, skipped at recovery.",
             ))
             .unwrap(),
+            identity_changes: IntCounterVec::new(
+                opts(
+                    "identity_changes_total",
+                    "Clusters or topics found to be other incarnations than the committed positions \
+                     refer to, by kind (source_cluster, sink_cluster, source_topic, sink_topic).",
+                ),
+                &["kind"],
+            )
+            .unwrap(),
             build_info: IntGaugeVec::new(
                 opts("build_info", "Always 1; labels name the build."),
                 &["version"],
@@ -174,6 +184,9 @@ impl Metrics {
             .chain(["restored_from_savepoint"])
         {
             m.recoveries.with_label_values(&[outcome]);
+        }
+        for kind in crate::identity::Change::KINDS {
+            m.identity_changes.with_label_values(&[kind]);
         }
         m.build_info
             .with_label_values(&[env!("CARGO_PKG_VERSION")])
@@ -199,6 +212,7 @@ impl Metrics {
             Box::new(self.dead_lettered.clone()),
             Box::new(self.records_lost.clone()),
             Box::new(self.corrupt_checkpoints.clone()),
+            Box::new(self.identity_changes.clone()),
             Box::new(self.build_info.clone()),
             Box::new(prometheus::process_collector::ProcessCollector::for_self()),
         ];

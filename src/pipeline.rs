@@ -6,7 +6,7 @@
 //! classified as (error.rs): abort and replay the epoch from the last checkpoint, rebuild the
 //! producer and recover in-process from the newest committed marker, or stop.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::mpsc::Receiver;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -22,6 +22,7 @@ use crate::checkpoint::{Checkpoint, CheckpointState, CheckpointStore};
 use crate::config::{Config, Delivery, OutOfRange, Partitioning, StartPosition};
 use crate::error::{Action, BridgeError, Result};
 use crate::failpoint;
+use crate::identity::{self, Identity, IdentityError, Restart};
 use crate::marker::{marker_partition, Marker, MARKER_VERSION};
 use crate::metrics::Metrics;
 use crate::positions::Positions;
@@ -101,6 +102,20 @@ fn interned(names: &mut HashMap<String, Arc<str>>, topic: &str) -> Arc<str> {
     t
 }
 
+/// The abort-class error that makes an epoch or a rewind under `on_identity_change = "restart"`
+/// start over from the restarted positions.
+fn restart_error(restart: &Restart) -> BridgeError {
+    BridgeError::IdentityRestart {
+        changes: restart
+            .changes
+            .iter()
+            .map(|c| c.to_string())
+            .collect::<Vec<_>>()
+            .join("; "),
+        topics: format!("{:?} are", restart.topics),
+    }
+}
+
 /// Runs the bridge until shutdown or a fatal error.
 pub fn run(
     cfg: Arc<Config>,
@@ -142,6 +157,11 @@ struct Pipeline<'a> {
     failures_in_row: u32,
     /// Id of a pending checkpoint written to sled in the current epoch, not yet committed.
     pending: Option<u64>,
+    /// The clusters and topic incarnations `committed` refers to; recorded in every checkpoint
+    /// and commit marker.
+    identity: Identity,
+    /// Changes already logged and counted under `restart`.
+    reported: BTreeSet<identity::Change>,
 }
 
 impl<'a> Pipeline<'a> {
@@ -218,6 +238,8 @@ impl<'a> Pipeline<'a> {
             poison: None,
             failures_in_row: 0,
             pending: None,
+            identity: Identity::default(),
+            reported: BTreeSet::new(),
         };
         p.discover_topics()?;
         p.recover()?;
@@ -336,6 +358,41 @@ impl<'a> Pipeline<'a> {
         for w in &decision.warnings {
             warn!(warning = %w, "recovery");
         }
+        // Judged before sled is repaired, so that a stop leaves the state directory as it was.
+        let mut positions = decision.positions.clone();
+        let known: BTreeSet<String> = self
+            .topics
+            .keys()
+            .cloned()
+            .chain(
+                positions
+                    .iter()
+                    .flat_map(|p| p.iter().map(|(t, _, _)| t.to_string())),
+            )
+            .collect();
+        let now = self.identity_now(&known)?;
+        let stored = decision.identity.clone();
+        if let Some(restart) =
+            self.judge_identity(&decision.identity_origin, stored.as_ref(), &now, &known)?
+        {
+            if let Some(p) = positions.as_mut() {
+                let drop: Vec<(String, i32)> = p
+                    .iter()
+                    .filter(|(t, _, _)| restart.topics.contains(*t))
+                    .map(|(t, part, _)| (t.to_string(), part))
+                    .collect();
+                for (t, part) in drop {
+                    p.remove(&t, part);
+                }
+            }
+        }
+        if stored.is_none() && positions.is_some() {
+            info!(
+                origin = %decision.identity_origin,
+                "the committed state predates recorded cluster and topic ids; recording them from the next checkpoint on"
+            );
+        }
+        self.identity = identity::merge(&stored.unwrap_or_default(), &now);
         for id in &decision.discard {
             self.store.discard(*id)?;
         }
@@ -346,7 +403,172 @@ impl<'a> Pipeline<'a> {
             self.store.put_committed(c)?;
         }
         self.last_id = decision.last_committed_id;
-        self.start_from(decision.positions, decision.outcome.as_str())
+        self.start_from(positions, decision.outcome.as_str())
+    }
+
+    /// What the clusters report now about `sources` and the sink topics they are written to.
+    fn identity_now(&self, sources: &BTreeSet<String>) -> Result<Identity> {
+        let src: Vec<String> = sources.iter().cloned().collect();
+        let sinks: Vec<String> = sources
+            .iter()
+            .map(|t| self.cfg.sink_topic_for(t))
+            .collect::<BTreeSet<_>>()
+            .into_iter()
+            .collect();
+        let s = self.source.ids(&src)?;
+        let k = self.admin.ids(&sinks)?;
+        Ok(Identity {
+            source_cluster: s.cluster_id,
+            sink_cluster: k.cluster_id,
+            source_topics: s.topic_ids,
+            sink_topics: k.topic_ids,
+        })
+    }
+
+    /// The identity verdict under the configured policy. Every change is counted once, whatever
+    /// the policy; under `restart` each is also logged at error level once (the caller moves the
+    /// positions). Once: a restart found while running is found again by the recovery that
+    /// follows an abort, from the marker that still holds the old ids.
+    fn judge_identity(
+        &mut self,
+        origin: &str,
+        stored: Option<&Identity>,
+        now: &Identity,
+        known: &BTreeSet<String>,
+    ) -> Result<Option<Restart>> {
+        let cfg = self.cfg.clone();
+        let sink_of = |t: &str| cfg.sink_topic_for(t);
+        let metrics = self.shared.metrics.clone();
+        let count = |c: &identity::Change| {
+            metrics
+                .identity_changes
+                .with_label_values(&[c.kind()])
+                .inc();
+        };
+        match identity::judge(
+            origin,
+            stored,
+            now,
+            cfg.bridge.on_identity_change,
+            known,
+            &sink_of,
+        ) {
+            Ok(None) => Ok(None),
+            Ok(Some(restart)) => {
+                for c in &restart.changes {
+                    if !self.reported.insert(c.clone()) {
+                        continue;
+                    }
+                    count(c);
+                    error!(
+                        kind = c.kind(),
+                        change = %c,
+                        topics = ?restart.topics,
+                        "cluster or topic identity changed; bridge.on_identity_change = \"restart\": \
+                         bridging the affected source topics again from their earliest offset"
+                    );
+                }
+                Ok(Some(restart))
+            }
+            Err(e @ IdentityError { .. }) => {
+                e.changes.iter().for_each(count);
+                Err(e.into())
+            }
+        }
+    }
+
+    /// Source topics that positions or the last discovery know.
+    fn known_source_topics(&self) -> BTreeSet<String> {
+        self.topics
+            .keys()
+            .cloned()
+            .chain(self.committed.iter().map(|(t, _, _)| t.to_string()))
+            .collect()
+    }
+
+    /// While running: compares `now` with what the committed positions refer to. Under `restart`
+    /// the affected topics' positions move to their earliest offset in `committed` (the caller
+    /// assigns or rewinds) and the identity moves on; with no change, ids seen for the first time
+    /// (new topics) join the identity.
+    fn check_identity_now(&mut self, now: &Identity) -> Result<Option<Restart>> {
+        let known = self.known_source_topics();
+        let origin = format!("checkpoint {}", self.last_id);
+        let stored = self.identity.clone();
+        let Some(restart) = self.judge_identity(&origin, Some(&stored), now, &known)? else {
+            self.identity = identity::merge(&self.identity, now);
+            return Ok(None);
+        };
+        // The partitions the new incarnations have now, which may not be those known so far.
+        let found = self.source.discover()?;
+        let affected: BTreeMap<String, i32> = found
+            .into_iter()
+            .filter(|(t, _)| restart.topics.contains(t))
+            .collect();
+        let start = self
+            .source
+            .resolve(StartPosition::Earliest, &self.source.owned(&affected))?;
+        let mut positions: Positions = self
+            .committed
+            .iter()
+            .filter(|(t, _, _)| !restart.topics.contains(*t))
+            .map(|(t, p, o)| (t.to_string(), p, o))
+            .collect();
+        for (t, p, o) in start.iter() {
+            positions.set(t, p, o);
+        }
+        self.committed = positions;
+        self.identity = identity::merge(&self.identity, now);
+        Ok(Some(restart))
+    }
+
+    /// The periodic check, after discovery so that new topics' ids are recorded at once: another
+    /// cluster behind an address (after a reconnect), or a topic created again, found within a
+    /// discovery interval even while nothing is read. A failure to ask is retried at the next
+    /// interval.
+    fn check_identity(&mut self) -> Result<()> {
+        let now = match self.identity_now(&self.known_source_topics()) {
+            Ok(now) => now,
+            Err(e) if e.action() == Action::Stop => return Err(e),
+            Err(e) => {
+                warn!(error = %e, "asking the clusters for their cluster and topic ids failed; will retry");
+                return Ok(());
+            }
+        };
+        if self.check_identity_now(&now)?.is_some() {
+            self.source.assign(&self.committed)?;
+            self.publish_positions();
+        }
+        Ok(())
+    }
+
+    /// Before a checkpoint commits: the topics its epoch read and wrote are still the incarnations
+    /// the positions refer to. librdkafka keeps fetching at the old offsets from a topic deleted
+    /// and created again when the new one already reaches them (the FIXME in its
+    /// rd_kafka_topic_metadata_update), so without this an epoch could commit records of the new
+    /// incarnation read from old positions, skipping those before; the periodic check alone would
+    /// find that only after the commit. An epoch that read nothing cannot have done so.
+    fn verify_epoch(
+        &mut self,
+        consumed: &HashMap<Arc<str>, u64>,
+        produced: &HashMap<Arc<str>, u64>,
+    ) -> Result<()> {
+        if consumed.is_empty() {
+            return Ok(());
+        }
+        let sources: Vec<String> = consumed.keys().map(|t| t.to_string()).collect();
+        let sinks: Vec<String> = produced.keys().map(|t| t.to_string()).collect();
+        let s = self.source.ids(&sources)?;
+        let k = self.admin.ids(&sinks)?;
+        let now = Identity {
+            source_cluster: s.cluster_id,
+            sink_cluster: k.cluster_id,
+            source_topics: s.topic_ids,
+            sink_topics: k.topic_ids,
+        };
+        match self.check_identity_now(&now)? {
+            None => Ok(()),
+            Some(restart) => Err(restart_error(&restart)),
+        }
     }
 
     /// `run --from-savepoint`: the savepoints' positions (of the partitions this instance owns)
@@ -395,6 +617,22 @@ impl<'a> Pipeline<'a> {
             .max()
             .unwrap_or(0)
             + 1;
+        // A restore is the explicit way onto other clusters or topic incarnations: it is not
+        // judged, only logged, and it records what it restored onto.
+        let known: BTreeSet<String> = self
+            .topics
+            .keys()
+            .cloned()
+            .chain(positions.iter().map(|(t, _, _)| t.to_string()))
+            .collect();
+        let now = self.identity_now(&known)?;
+        for sp in &restore.savepoints {
+            let Some(was) = &sp.identity else { continue };
+            for c in identity::compare(was, &now) {
+                warn!(savepoint = %sp.name, change = %c, "the savepoint was taken on another cluster or topic incarnation; restoring its positions as they are");
+            }
+        }
+        self.identity = now.clone();
         self.store.put_committed(&Checkpoint {
             id,
             bridge_id: cfg.bridge.id.clone(),
@@ -404,6 +642,7 @@ impl<'a> Pipeline<'a> {
             positions: positions.clone(),
             created_ms: now_ms(),
             savepoint: Some(restore.tag()),
+            identity: Some(now),
         })?;
         info!(tag = %restore.tag(), checkpoint = id, partitions = positions.len(), "restored from savepoint");
         self.last_id = id;
@@ -462,15 +701,42 @@ impl<'a> Pipeline<'a> {
 
     /// Positions that retention has deleted under us: fail, or continue from the earliest record
     /// and count what was lost, as configured.
-    fn check_out_of_range(&self, positions: &mut Positions) -> Result<()> {
+    fn check_out_of_range(&mut self, positions: &mut Positions) -> Result<()> {
         let snapshot: Vec<(String, i32, i64)> = positions
             .iter()
             .map(|(t, p, o)| (t.to_string(), p, o))
             .collect();
+        let mut explained = BTreeSet::new();
+        let mut restarted = BTreeSet::new();
         for (t, p, o) in snapshot {
+            if restarted.contains(&t) {
+                continue;
+            }
             let (lo, hi) = self.source.watermarks(&t, p)?;
             if o >= lo && o <= hi {
                 continue;
+            }
+            if explained.insert(t.clone()) {
+                if let Some(restart) = self.identity_explains(&t)? {
+                    // `committed` now holds the restarted topics at their earliest offsets.
+                    let stale: Vec<(String, i32)> = positions
+                        .iter()
+                        .filter(|(topic, _, _)| restart.topics.contains(*topic))
+                        .map(|(topic, part, _)| (topic.to_string(), part))
+                        .collect();
+                    for (topic, part) in stale {
+                        positions.remove(&topic, part);
+                    }
+                    for (topic, part, offset) in self.committed.iter() {
+                        if restart.topics.contains(topic) {
+                            positions.set(topic, part, offset);
+                        }
+                    }
+                    restarted.extend(restart.topics);
+                    if restarted.contains(&t) {
+                        continue;
+                    }
+                }
             }
             let lost = if o < lo { lo - o } else { 0 };
             match self.cfg.source.on_offset_out_of_range {
@@ -498,6 +764,20 @@ impl<'a> Pipeline<'a> {
             }
         }
         Ok(())
+    }
+
+    /// A position outside its partition's offsets is also what a topic deleted and created again
+    /// looks like (its offsets start over), so the topic's id is asked before retention is
+    /// blamed: under `stop` a change is the error, under `restart` the topics to restart (already
+    /// restarted in `committed`).
+    fn identity_explains(&mut self, topic: &str) -> Result<Option<Restart>> {
+        let ids = self.source.ids(&[topic.to_string()])?;
+        let now = Identity {
+            source_cluster: ids.cluster_id,
+            source_topics: ids.topic_ids,
+            ..Identity::default()
+        };
+        self.check_identity_now(&now)
     }
 
     fn publish_positions(&self) {
@@ -554,6 +834,7 @@ impl<'a> Pipeline<'a> {
             }
             if self.last_discovery.elapsed() >= DISCOVERY_INTERVAL {
                 self.discover_partitions()?;
+                self.check_identity()?;
             }
         }
     }
@@ -682,6 +963,8 @@ impl<'a> Pipeline<'a> {
         // Barrier: P(N) = current.
         let barrier = Instant::now();
         self.last_barrier = barrier;
+        self.verify_epoch(&consumed, &produced)?;
+        let identity = Some(self.identity.clone());
         let deadline = barrier + cfg.checkpoint.timeout;
         // One time for the checkpoint and its savepoint reply.
         let barrier_ms = now_ms();
@@ -694,6 +977,7 @@ impl<'a> Pipeline<'a> {
             positions: current.clone(),
             created_ms: barrier_ms,
             savepoint: savepoint_name.clone(),
+            identity: identity.clone(),
         };
         match cfg.bridge.delivery {
             Delivery::ExactlyOnce => {
@@ -705,6 +989,7 @@ impl<'a> Pipeline<'a> {
                     checkpoint_id: id,
                     positions: current.clone(),
                     time_ms: barrier_ms,
+                    identity: identity.clone(),
                 };
                 self.sink.send_marker(&marker)?;
                 failpoint::hit("after-marker");
