@@ -313,3 +313,38 @@ fn a_topic_recreated_while_running_is_bridged_again_under_restart() {
     eprintln!("{}", changed[0]);
     assert_same_sequences(&concat(&old_records, &new_records), &read(b, &output));
 }
+
+#[test]
+fn a_rebuilt_sink_cluster_stops_the_bridge() {
+    let _serial = serial();
+    let source = bootstrap();
+    let sink = Broker::start_private("rebuilt-sink");
+    let input = unique("sinkgone-in");
+    let output = unique("sinkgone-out");
+    create_topic(source, &input, 2);
+    produce_ok(source, &input, 2_000, 1);
+    let mut spec = BridgeSpec::new(&input, &output);
+    spec.sink_bootstrap = sink.bootstrap.clone();
+    let home = BridgeHome::new(spec);
+    let mut bridge = home.start(&[]);
+    bridge.wait_committed(2_000, Duration::from_secs(60));
+    assert!(bridge.stop_gracefully(Duration::from_secs(30)).success());
+
+    // The output and the commit markers go with the old cluster; the state directory remains.
+    let old_cluster = kafka_cluster_id(&sink.bootstrap);
+    sink.rebuild();
+    let new_cluster = kafka_cluster_id(&sink.bootstrap);
+    assert_ne!(old_cluster, new_cluster);
+
+    let mut bridge = home.start(&[]);
+    let log = expect_exit_1(&mut bridge);
+    let needle = format!("sink cluster id changed from \"{old_cluster}\" to \"{new_cluster}\"");
+    assert!(
+        log.contains(&needle),
+        "{needle:?} missing:\n{}",
+        tail(&log, 20)
+    );
+    // Not even an aborted transaction's records: the new cluster's output topic is untouched.
+    assert_eq!(end_offsets_total(&sink.bootstrap, &output), 0);
+    sink.stop();
+}
