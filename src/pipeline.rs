@@ -22,7 +22,7 @@ use crate::checkpoint::{Checkpoint, CheckpointState, CheckpointStore};
 use crate::config::{Config, Delivery, OutOfRange, Partitioning, StartPosition};
 use crate::error::{Action, BridgeError, Result};
 use crate::failpoint;
-use crate::identity::{self, Identity, IdentityError, Restart};
+use crate::identity::{self, Identity};
 use crate::marker::{marker_partition, Marker, MARKER_VERSION};
 use crate::metrics::Metrics;
 use crate::positions::Positions;
@@ -32,6 +32,8 @@ use crate::sink::{Sink, SinkSettings, SourceRef};
 use crate::source::Source;
 use crate::status::{self, PartitionStatus, RunState, SharedStatus};
 use crate::transform::Router;
+
+mod identity_checks;
 
 /// How often the source is asked for new partitions and (with a pattern) new topics.
 const DISCOVERY_INTERVAL: Duration = Duration::from_secs(10);
@@ -100,20 +102,6 @@ fn interned(names: &mut HashMap<String, Arc<str>>, topic: &str) -> Arc<str> {
     let t: Arc<str> = topic.into();
     names.insert(topic.to_string(), t.clone());
     t
-}
-
-/// The abort-class error that makes an epoch or a rewind under `on_identity_change = "restart"`
-/// start over from the restarted positions.
-fn restart_error(restart: &Restart) -> BridgeError {
-    BridgeError::IdentityRestart {
-        changes: restart
-            .changes
-            .iter()
-            .map(|c| c.to_string())
-            .collect::<Vec<_>>()
-            .join("; "),
-        topics: format!("{:?} are", restart.topics),
-    }
 }
 
 /// Runs the bridge until shutdown or a fatal error.
@@ -359,40 +347,7 @@ impl<'a> Pipeline<'a> {
             warn!(warning = %w, "recovery");
         }
         // Judged before sled is repaired, so that a stop leaves the state directory as it was.
-        let mut positions = decision.positions.clone();
-        let known: BTreeSet<String> = self
-            .topics
-            .keys()
-            .cloned()
-            .chain(
-                positions
-                    .iter()
-                    .flat_map(|p| p.iter().map(|(t, _, _)| t.to_string())),
-            )
-            .collect();
-        let now = self.identity_now(&known)?;
-        let stored = decision.identity.clone();
-        if let Some(restart) =
-            self.judge_identity(&decision.identity_origin, stored.as_ref(), &now, &known)?
-        {
-            if let Some(p) = positions.as_mut() {
-                let drop: Vec<(String, i32)> = p
-                    .iter()
-                    .filter(|(t, _, _)| restart.topics.contains(*t))
-                    .map(|(t, part, _)| (t.to_string(), part))
-                    .collect();
-                for (t, part) in drop {
-                    p.remove(&t, part);
-                }
-            }
-        }
-        if stored.is_none() && positions.is_some() {
-            info!(
-                origin = %decision.identity_origin,
-                "the committed state predates recorded cluster and topic ids; recording them from the next checkpoint on"
-            );
-        }
-        self.identity = identity::merge(&stored.unwrap_or_default(), &now);
+        let positions = self.judge_recovered_identity(&decision)?;
         for id in &decision.discard {
             self.store.discard(*id)?;
         }
@@ -404,171 +359,6 @@ impl<'a> Pipeline<'a> {
         }
         self.last_id = decision.last_committed_id;
         self.start_from(positions, decision.outcome.as_str())
-    }
-
-    /// What the clusters report now about `sources` and the sink topics they are written to.
-    fn identity_now(&self, sources: &BTreeSet<String>) -> Result<Identity> {
-        let src: Vec<String> = sources.iter().cloned().collect();
-        let sinks: Vec<String> = sources
-            .iter()
-            .map(|t| self.cfg.sink_topic_for(t))
-            .collect::<BTreeSet<_>>()
-            .into_iter()
-            .collect();
-        let s = self.source.ids(&src)?;
-        let k = self.admin.ids(&sinks)?;
-        Ok(Identity {
-            source_cluster: s.cluster_id,
-            sink_cluster: k.cluster_id,
-            source_topics: s.topic_ids,
-            sink_topics: k.topic_ids,
-        })
-    }
-
-    /// The identity verdict under the configured policy. Every change is counted once, whatever
-    /// the policy; under `restart` each is also logged at error level once (the caller moves the
-    /// positions). Once: a restart found while running is found again by the recovery that
-    /// follows an abort, from the marker that still holds the old ids.
-    fn judge_identity(
-        &mut self,
-        origin: &str,
-        stored: Option<&Identity>,
-        now: &Identity,
-        known: &BTreeSet<String>,
-    ) -> Result<Option<Restart>> {
-        let cfg = self.cfg.clone();
-        let sink_of = |t: &str| cfg.sink_topic_for(t);
-        let metrics = self.shared.metrics.clone();
-        let count = |c: &identity::Change| {
-            metrics
-                .identity_changes
-                .with_label_values(&[c.kind()])
-                .inc();
-        };
-        match identity::judge(
-            origin,
-            stored,
-            now,
-            cfg.bridge.on_identity_change,
-            known,
-            &sink_of,
-        ) {
-            Ok(None) => Ok(None),
-            Ok(Some(restart)) => {
-                for c in &restart.changes {
-                    if !self.reported.insert(c.clone()) {
-                        continue;
-                    }
-                    count(c);
-                    error!(
-                        kind = c.kind(),
-                        change = %c,
-                        topics = ?restart.topics,
-                        "cluster or topic identity changed; bridge.on_identity_change = \"restart\": \
-                         bridging the affected source topics again from their earliest offset"
-                    );
-                }
-                Ok(Some(restart))
-            }
-            Err(e @ IdentityError { .. }) => {
-                e.changes.iter().for_each(count);
-                Err(e.into())
-            }
-        }
-    }
-
-    /// Source topics that positions or the last discovery know.
-    fn known_source_topics(&self) -> BTreeSet<String> {
-        self.topics
-            .keys()
-            .cloned()
-            .chain(self.committed.iter().map(|(t, _, _)| t.to_string()))
-            .collect()
-    }
-
-    /// While running: compares `now` with what the committed positions refer to. Under `restart`
-    /// the affected topics' positions move to their earliest offset in `committed` (the caller
-    /// assigns or rewinds) and the identity moves on; with no change, ids seen for the first time
-    /// (new topics) join the identity.
-    fn check_identity_now(&mut self, now: &Identity) -> Result<Option<Restart>> {
-        let known = self.known_source_topics();
-        let origin = format!("checkpoint {}", self.last_id);
-        let stored = self.identity.clone();
-        let Some(restart) = self.judge_identity(&origin, Some(&stored), now, &known)? else {
-            self.identity = identity::merge(&self.identity, now);
-            return Ok(None);
-        };
-        // The partitions the new incarnations have now, which may not be those known so far.
-        let found = self.source.discover()?;
-        let affected: BTreeMap<String, i32> = found
-            .into_iter()
-            .filter(|(t, _)| restart.topics.contains(t))
-            .collect();
-        let start = self
-            .source
-            .resolve(StartPosition::Earliest, &self.source.owned(&affected))?;
-        let mut positions: Positions = self
-            .committed
-            .iter()
-            .filter(|(t, _, _)| !restart.topics.contains(*t))
-            .map(|(t, p, o)| (t.to_string(), p, o))
-            .collect();
-        for (t, p, o) in start.iter() {
-            positions.set(t, p, o);
-        }
-        self.committed = positions;
-        self.identity = identity::merge(&self.identity, now);
-        Ok(Some(restart))
-    }
-
-    /// The periodic check, after discovery so that new topics' ids are recorded at once: another
-    /// cluster behind an address (after a reconnect), or a topic created again, found within a
-    /// discovery interval even while nothing is read. A failure to ask is retried at the next
-    /// interval.
-    fn check_identity(&mut self) -> Result<()> {
-        let now = match self.identity_now(&self.known_source_topics()) {
-            Ok(now) => now,
-            Err(e) if e.action() == Action::Stop => return Err(e),
-            Err(e) => {
-                warn!(error = %e, "asking the clusters for their cluster and topic ids failed; will retry");
-                return Ok(());
-            }
-        };
-        if self.check_identity_now(&now)?.is_some() {
-            self.source.assign(&self.committed)?;
-            self.publish_positions();
-        }
-        Ok(())
-    }
-
-    /// Before a checkpoint commits: the topics its epoch read and wrote are still the incarnations
-    /// the positions refer to. librdkafka keeps fetching at the old offsets from a topic deleted
-    /// and created again when the new one already reaches them (the FIXME in its
-    /// rd_kafka_topic_metadata_update), so without this an epoch could commit records of the new
-    /// incarnation read from old positions, skipping those before; the periodic check alone would
-    /// find that only after the commit. An epoch that read nothing cannot have done so.
-    fn verify_epoch(
-        &mut self,
-        consumed: &HashMap<Arc<str>, u64>,
-        produced: &HashMap<Arc<str>, u64>,
-    ) -> Result<()> {
-        if consumed.is_empty() {
-            return Ok(());
-        }
-        let sources: Vec<String> = consumed.keys().map(|t| t.to_string()).collect();
-        let sinks: Vec<String> = produced.keys().map(|t| t.to_string()).collect();
-        let s = self.source.ids(&sources)?;
-        let k = self.admin.ids(&sinks)?;
-        let now = Identity {
-            source_cluster: s.cluster_id,
-            sink_cluster: k.cluster_id,
-            source_topics: s.topic_ids,
-            sink_topics: k.topic_ids,
-        };
-        match self.check_identity_now(&now)? {
-            None => Ok(()),
-            Some(restart) => Err(restart_error(&restart)),
-        }
     }
 
     /// `run --from-savepoint`: the savepoints' positions (of the partitions this instance owns)
@@ -617,22 +407,7 @@ impl<'a> Pipeline<'a> {
             .max()
             .unwrap_or(0)
             + 1;
-        // A restore is the explicit way onto other clusters or topic incarnations: it is not
-        // judged, only logged, and it records what it restored onto.
-        let known: BTreeSet<String> = self
-            .topics
-            .keys()
-            .cloned()
-            .chain(positions.iter().map(|(t, _, _)| t.to_string()))
-            .collect();
-        let now = self.identity_now(&known)?;
-        for sp in &restore.savepoints {
-            let Some(was) = &sp.identity else { continue };
-            for c in identity::compare(was, &now) {
-                warn!(savepoint = %sp.name, change = %c, "the savepoint was taken on another cluster or topic incarnation; restoring its positions as they are");
-            }
-        }
-        self.identity = now.clone();
+        let now = self.restored_identity(restore, &positions)?;
         self.store.put_committed(&Checkpoint {
             id,
             bridge_id: cfg.bridge.id.clone(),
@@ -717,25 +492,9 @@ impl<'a> Pipeline<'a> {
                 continue;
             }
             if explained.insert(t.clone()) {
-                if let Some(restart) = self.identity_explains(&t)? {
-                    // `committed` now holds the restarted topics at their earliest offsets.
-                    let stale: Vec<(String, i32)> = positions
-                        .iter()
-                        .filter(|(topic, _, _)| restart.topics.contains(*topic))
-                        .map(|(topic, part, _)| (topic.to_string(), part))
-                        .collect();
-                    for (topic, part) in stale {
-                        positions.remove(&topic, part);
-                    }
-                    for (topic, part, offset) in self.committed.iter() {
-                        if restart.topics.contains(topic) {
-                            positions.set(topic, part, offset);
-                        }
-                    }
-                    restarted.extend(restart.topics);
-                    if restarted.contains(&t) {
-                        continue;
-                    }
+                restarted.extend(self.identity_explains(&t, positions)?);
+                if restarted.contains(&t) {
+                    continue;
                 }
             }
             let lost = if o < lo { lo - o } else { 0 };
@@ -764,20 +523,6 @@ impl<'a> Pipeline<'a> {
             }
         }
         Ok(())
-    }
-
-    /// A position outside its partition's offsets is also what a topic deleted and created again
-    /// looks like (its offsets start over), so the topic's id is asked before retention is
-    /// blamed: under `stop` a change is the error, under `restart` the topics to restart (already
-    /// restarted in `committed`).
-    fn identity_explains(&mut self, topic: &str) -> Result<Option<Restart>> {
-        let ids = self.source.ids(&[topic.to_string()])?;
-        let now = Identity {
-            source_cluster: ids.cluster_id,
-            source_topics: ids.topic_ids,
-            ..Identity::default()
-        };
-        self.check_identity_now(&now)
     }
 
     fn publish_positions(&self) {
