@@ -3,15 +3,21 @@
 //! with the source's partition count if missing, checked for enough partitions under `preserve`,
 //! their max.message.bytes read to size the producer's batches). Dead-letter topics are sink
 //! topics too.
+//! Also, for either cluster, its cluster id and topic ids (`cluster_ids`), which tell one
+//! incarnation of a cluster or topic from another (see `identity`).
 
+use std::collections::{BTreeMap, BTreeSet};
+use std::ffi::{c_char, c_int, CStr, CString};
 use std::time::Duration;
 
 use rdkafka::admin::{
     AdminClient, AdminOptions, NewPartitions, NewTopic, ResourceSpecifier, TopicReplication,
 };
-use rdkafka::client::DefaultClientContext;
+use rdkafka::bindings as rd;
+use rdkafka::client::{Client, DefaultClientContext};
 use rdkafka::config::ClientConfig;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::ClientContext;
 use tracing::info;
 
 use crate::error::{transient_code, BridgeError, Result};
@@ -183,6 +189,11 @@ impl Admin {
         Ok(())
     }
 
+    /// The sink cluster's id and the ids of those of `topics` that exist.
+    pub fn ids(&self, topics: &[String]) -> Result<ClusterIds> {
+        cluster_ids(self.client.inner(), topics, TIMEOUT)
+    }
+
     /// The marker topic: compacted (only each instance's newest marker matters), with at least
     /// one partition per instance.
     pub async fn ensure_marker_topic(&self, topic: &str, instances: u32) -> Result<i32> {
@@ -211,5 +222,214 @@ impl Admin {
             }
             Some(n) => Ok(n),
         }
+    }
+}
+
+/// What a cluster reports about its identity.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ClusterIds {
+    pub cluster_id: Option<String>,
+    /// Topic name → topic id, for the topics asked about that exist.
+    pub topic_ids: BTreeMap<String, String>,
+}
+
+/// The cluster id of the cluster `client` is connected to, and the topic ids of those of `topics`
+/// that exist there, in the form Kafka's own tools print (22 characters of URL-safe base64).
+///
+/// rdkafka 0.39 has no safe call for topic ids (librdkafka's DescribeTopics), and its
+/// `fetch_cluster_id` never frees the string librdkafka returns, which would leak at every
+/// periodic check; so this goes to librdkafka's C API directly, through rdkafka's own bindings.
+/// The DescribeTopics request is a Metadata request, whose response also refreshes the cluster id
+/// librdkafka caches, so the cluster id read after it is current.
+pub fn cluster_ids<C: ClientContext>(
+    client: &Client<C>,
+    topics: &[String],
+    timeout: Duration,
+) -> Result<ClusterIds> {
+    let rk = client.native_ptr();
+    // DescribeTopics refuses duplicates.
+    let names: BTreeSet<&str> = topics.iter().map(String::as_str).collect();
+    let topic_ids = if names.is_empty() {
+        BTreeMap::new()
+    } else {
+        describe_topic_ids(rk, &names, timeout)?
+    };
+    // Without a request just made, wait for metadata if none was ever received.
+    let wait = if names.is_empty() {
+        timeout
+    } else {
+        Duration::ZERO
+    };
+    Ok(ClusterIds {
+        cluster_id: cached_cluster_id(rk, wait),
+        topic_ids,
+    })
+}
+
+fn millis(d: Duration) -> c_int {
+    d.as_millis().min(c_int::MAX as u128 / 2) as c_int
+}
+
+/// A librdkafka object this module created, destroyed when dropped so that every return path
+/// frees it.
+struct Owned<T> {
+    ptr: *mut T,
+    destroy: unsafe extern "C" fn(*mut T),
+}
+
+impl<T> Drop for Owned<T> {
+    fn drop(&mut self) {
+        if !self.ptr.is_null() {
+            // SAFETY: `ptr` came from the librdkafka constructor matching `destroy`, is owned by
+            // this guard alone, and is destroyed exactly once.
+            unsafe { (self.destroy)(self.ptr) }
+        }
+    }
+}
+
+fn cached_cluster_id(rk: *mut rd::rd_kafka_t, wait: Duration) -> Option<String> {
+    // SAFETY: `rk` is a live client handle (borrowed from a `Client` by the caller).
+    // rd_kafka_clusterid returns NULL or a NUL-terminated string that we own and must free with
+    // rd_kafka_mem_free; it is copied before being freed.
+    unsafe {
+        let raw = rd::rd_kafka_clusterid(rk, millis(wait));
+        if raw.is_null() {
+            return None;
+        }
+        let id = CStr::from_ptr(raw).to_string_lossy().into_owned();
+        rd::rd_kafka_mem_free(rk, raw.cast());
+        Some(id)
+    }
+}
+
+fn describe_error(code: RDKafkaErrorCode) -> BridgeError {
+    // MetadataFetch carries the code, so that an authorization failure is classified as one.
+    BridgeError::kafka("describe topics", KafkaError::MetadataFetch(code))
+}
+
+fn describe_topic_ids(
+    rk: *mut rd::rd_kafka_t,
+    names: &BTreeSet<&str>,
+    timeout: Duration,
+) -> Result<BTreeMap<String, String>> {
+    let c_names: Vec<CString> = names
+        .iter()
+        .map(|n| CString::new(*n))
+        .collect::<std::result::Result<_, _>>()
+        .map_err(|e| BridgeError::kafka("describe topics", KafkaError::from(e)))?;
+    let mut c_ptrs: Vec<*const c_char> = c_names.iter().map(|c| c.as_ptr()).collect();
+    let ms = millis(timeout);
+    let mut out = BTreeMap::new();
+    // SAFETY: `rk` is a live client handle. Every object created here is owned by an `Owned`
+    // guard (or, for the event's contents, borrowed from the event, which outlives their use).
+    // The collection copies the names, and librdkafka copies the collection and options into its
+    // request, so the CStrings need only live until DescribeTopics returns. The reply comes on a
+    // queue of our own; a reply arriving after we gave up waiting is freed by librdkafka with the
+    // queue, which its request holds a reference to.
+    unsafe {
+        let collection = Owned {
+            ptr: rd::rd_kafka_TopicCollection_of_topic_names(c_ptrs.as_mut_ptr(), c_ptrs.len()),
+            destroy: rd::rd_kafka_TopicCollection_destroy,
+        };
+        let options = Owned {
+            ptr: rd::rd_kafka_AdminOptions_new(
+                rk,
+                rd::rd_kafka_admin_op_t::RD_KAFKA_ADMIN_OP_DESCRIBETOPICS,
+            ),
+            destroy: rd::rd_kafka_AdminOptions_destroy,
+        };
+        let queue = Owned {
+            ptr: rd::rd_kafka_queue_new(rk),
+            destroy: rd::rd_kafka_queue_destroy,
+        };
+        if collection.ptr.is_null() || options.ptr.is_null() || queue.ptr.is_null() {
+            return Err(describe_error(RDKafkaErrorCode::Fail));
+        }
+        let mut errstr = [0 as c_char; 256];
+        // Only fails for a timeout out of range, which `millis` rules out.
+        rd::rd_kafka_AdminOptions_set_request_timeout(
+            options.ptr,
+            ms,
+            errstr.as_mut_ptr(),
+            errstr.len(),
+        );
+        rd::rd_kafka_DescribeTopics(rk, collection.ptr, options.ptr, queue.ptr);
+        // The request times itself out after `ms`; the margin lets that answer arrive.
+        let event = Owned {
+            ptr: rd::rd_kafka_queue_poll(queue.ptr, ms.saturating_add(1000)),
+            destroy: rd::rd_kafka_event_destroy,
+        };
+        if event.ptr.is_null() {
+            return Err(describe_error(RDKafkaErrorCode::OperationTimedOut));
+        }
+        let err = RDKafkaErrorCode::from(rd::rd_kafka_event_error(event.ptr));
+        if err != RDKafkaErrorCode::NoError {
+            return Err(describe_error(err));
+        }
+        let result = rd::rd_kafka_event_DescribeTopics_result(event.ptr);
+        if result.is_null() {
+            return Err(describe_error(RDKafkaErrorCode::Fail));
+        }
+        let mut count = 0usize;
+        let descriptions = rd::rd_kafka_DescribeTopics_result_topics(result, &mut count);
+        for i in 0..count {
+            let d = *descriptions.add(i);
+            if d.is_null() {
+                continue;
+            }
+            let name = CStr::from_ptr(rd::rd_kafka_TopicDescription_name(d))
+                .to_string_lossy()
+                .into_owned();
+            let error = rd::rd_kafka_TopicDescription_error(d);
+            if !error.is_null() {
+                match RDKafkaErrorCode::from(rd::rd_kafka_error_code(error)) {
+                    RDKafkaErrorCode::NoError => {}
+                    // Not there (now): nothing to compare.
+                    RDKafkaErrorCode::UnknownTopicOrPartition
+                    | RDKafkaErrorCode::UnknownTopicId => continue,
+                    other => return Err(describe_error(other)),
+                }
+            }
+            let uuid = rd::rd_kafka_TopicDescription_topic_id(d);
+            if uuid.is_null()
+                || (rd::rd_kafka_Uuid_most_significant_bits(uuid) == 0
+                    && rd::rd_kafka_Uuid_least_significant_bits(uuid) == 0)
+            {
+                // A broker too old to have topic ids answers with the zero id.
+                continue;
+            }
+            let b64 = rd::rd_kafka_Uuid_base64str(uuid);
+            if b64.is_null() {
+                continue;
+            }
+            out.insert(name, kafka_form(&CStr::from_ptr(b64).to_string_lossy()));
+        }
+    }
+    Ok(out)
+}
+
+/// librdkafka prints topic ids in standard base64; Kafka's tools (kafka-topics --describe) use the
+/// URL-safe alphabet. Messages name ids the way operators see them elsewhere.
+fn kafka_form(base64: &str) -> String {
+    base64
+        .chars()
+        .map(|c| match c {
+            '+' => '-',
+            '/' => '_',
+            other => other,
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn topic_ids_are_shown_in_kafkas_alphabet() {
+        assert_eq!(
+            kafka_form("kKMw2mZ0Q+ea4k6b5/1QmA"),
+            "kKMw2mZ0Q-ea4k6b5_1QmA"
+        );
     }
 }

@@ -26,6 +26,7 @@ use std::sync::{Mutex, MutexGuard};
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
+use crate::identity::Identity;
 use crate::positions::Positions;
 
 /// First bytes of every stored checkpoint, so that a foreign or garbled value is told apart from
@@ -64,6 +65,11 @@ pub struct Checkpoint {
     pub created_ms: i64,
     /// Set when this checkpoint is a named savepoint: retention never prunes it.
     pub savepoint: Option<String>,
+    /// The clusters and topic incarnations the positions refer to. Added to format 1 as an
+    /// optional field: records written before it decode with None, and builds that predate it
+    /// ignore it, so neither an upgrade nor a downgrade has to rewrite the state directory.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub identity: Option<Identity>,
 }
 
 #[derive(Debug, Error)]
@@ -669,6 +675,7 @@ mod savepoint_tests {
             positions: Positions::new(),
             created_ms: id as i64,
             savepoint: None,
+            identity: None,
         }
     }
 
@@ -770,6 +777,7 @@ mod tests {
             positions,
             created_ms: 1_700_000_000_000 + id as i64,
             savepoint: None,
+            identity: None,
         }
     }
 
@@ -791,6 +799,28 @@ mod tests {
         assert_eq!(decode(&bytes).unwrap(), c);
         let json: serde_json::Value = serde_json::from_slice(&bytes[HEADER_LEN..]).unwrap();
         assert_eq!(json["state"], "pending");
+    }
+
+    #[test]
+    fn identity_is_an_optional_field_of_format_1() {
+        // A record written before identities were recorded still decodes, with none.
+        let before = checkpoint(3, Committed);
+        let bytes = encode(&before);
+        assert!(!String::from_utf8_lossy(&bytes[HEADER_LEN..]).contains("identity"));
+        assert_eq!(decode(&bytes).unwrap().identity, None);
+
+        let mut with = checkpoint(4, Committed);
+        with.identity = Some(Identity {
+            source_cluster: Some("src-cluster".into()),
+            sink_cluster: Some("sink-cluster".into()),
+            source_topics: [("orders".to_string(), "kKMw2mZ0Qiea4k6b5_1QmA".to_string())]
+                .into_iter()
+                .collect(),
+            sink_topics: Default::default(),
+        });
+        let bytes = encode(&with);
+        assert_eq!(bytes[4], FORMAT_VERSION);
+        assert_eq!(decode(&bytes).unwrap(), with);
     }
 
     #[test]
@@ -1057,6 +1087,24 @@ mod tests {
         assert_eq!(store.load().unwrap().checkpoints, vec![big]);
     }
 
+    fn arb_identity() -> impl Strategy<Value = Identity> {
+        let ids = || prop::collection::btree_map(any::<String>(), any::<String>(), 0..4);
+        (
+            any::<Option<String>>(),
+            any::<Option<String>>(),
+            ids(),
+            ids(),
+        )
+            .prop_map(
+                |(source_cluster, sink_cluster, source_topics, sink_topics)| Identity {
+                    source_cluster,
+                    sink_cluster,
+                    source_topics,
+                    sink_topics,
+                },
+            )
+    }
+
     fn arb_checkpoint() -> impl Strategy<Value = Checkpoint> {
         let positions = prop::collection::vec((any::<String>(), any::<i32>(), any::<i64>()), 0..12)
             .prop_map(|v| v.into_iter().collect::<Positions>());
@@ -1070,9 +1118,20 @@ mod tests {
             positions,
             any::<i64>(),
             any::<Option<String>>(),
+            prop::option::of(arb_identity()),
         )
             .prop_map(
-                |(id, bridge_id, instance, instances, state, positions, created_ms, savepoint)| {
+                |(
+                    id,
+                    bridge_id,
+                    instance,
+                    instances,
+                    state,
+                    positions,
+                    created_ms,
+                    savepoint,
+                    identity,
+                )| {
                     Checkpoint {
                         id,
                         bridge_id,
@@ -1082,6 +1141,7 @@ mod tests {
                         positions,
                         created_ms,
                         savepoint,
+                        identity,
                     }
                 },
             )

@@ -79,6 +79,8 @@ pub struct BridgeConfig {
     pub instances: u32,
     pub state_dir: PathBuf,
     pub delivery: Delivery,
+    /// What to do when a cluster or topic is not the one the committed positions were taken on.
+    pub on_identity_change: IdentityPolicy,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -107,6 +109,17 @@ pub enum StartPosition {
     Latest,
     /// The first record at or after this time, in milliseconds since the Unix epoch.
     Timestamp(i64),
+}
+
+/// What to do when the source or sink cluster, or a source or sink topic, is another one than the
+/// committed positions refer to (a rebuilt cluster, a topic deleted and created again).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum IdentityPolicy {
+    /// Stop with a message naming what changed and the ways out.
+    Stop,
+    /// Bridge every source topic touched by the change again from its earliest offset; logged at
+    /// error level and counted.
+    Restart,
 }
 
 /// What to do when a position to resume from no longer exists because retention deleted it.
@@ -368,6 +381,15 @@ impl OnBadRecord {
     }
 }
 
+impl IdentityPolicy {
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            IdentityPolicy::Stop => "stop",
+            IdentityPolicy::Restart => "restart",
+        }
+    }
+}
+
 impl Partitioning {
     pub const fn as_str(self) -> &'static str {
         match self {
@@ -399,6 +421,20 @@ impl FromStr for OutOfRange {
             "earliest" => Ok(OutOfRange::Earliest),
             _ => Err(format!(
                 r#"{s:?} is not an out-of-range policy: use "fail" (stop) or "earliest" (resume from the oldest record kept, counting the records lost)"#
+            )),
+        }
+    }
+}
+
+impl FromStr for IdentityPolicy {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "stop" => Ok(IdentityPolicy::Stop),
+            "restart" => Ok(IdentityPolicy::Restart),
+            _ => Err(format!(
+                r#"{s:?} is not an identity policy: use "stop" (stop and say what changed) or "restart" (bridge a recreated topic or rebuilt cluster again from its earliest offset)"#
             )),
         }
     }
@@ -460,6 +496,12 @@ impl fmt::Display for Delivery {
 }
 
 impl fmt::Display for OutOfRange {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl fmt::Display for IdentityPolicy {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.as_str())
     }
@@ -694,6 +736,7 @@ struct RawBridge {
     instances: Field<Count<u32>>,
     state_dir: Field<String>,
     delivery: Field<Parse<Delivery>>,
+    on_identity_change: Field<Parse<IdentityPolicy>>,
 }
 
 #[derive(Default, serde::Deserialize)]
@@ -1199,6 +1242,9 @@ impl Loader {
             delivery: self
                 .take("bridge.delivery", b.delivery)
                 .map_or(Delivery::ExactlyOnce, |Parse(v)| v),
+            on_identity_change: self
+                .take("bridge.on_identity_change", b.on_identity_change)
+                .map_or(IdentityPolicy::Stop, |Parse(v)| v),
         };
         let source = SourceConfig {
             bootstrap_servers: self
@@ -1448,7 +1494,14 @@ impl Loader {
                 );
             }
         }
-        let mut marker_ok = self.usable(&["sink.marker_topic"]);
+        // The default marker topic is made of bridge.id: a bad id is reported there, once.
+        let default_marker = sink.marker_topic == default_marker_topic(&c.bridge.id);
+        let id_legal = c
+            .bridge
+            .id
+            .chars()
+            .all(|ch| ch.is_ascii_alphanumeric() || matches!(ch, '.' | '_' | '-'));
+        let mut marker_ok = self.usable(&["sink.marker_topic"]) && !(default_marker && !id_legal);
         if marker_ok {
             if let Err(why) = check_topic_name(&sink.marker_topic) {
                 marker_ok = false;
@@ -2093,6 +2146,7 @@ mod tests {
             instances = 4
             state_dir = "/var/lib/eos-bridge"
             delivery = "at-least-once"
+            on_identity_change = "restart"
 
             [source]
             bootstrap_servers = "src-1:9092"
@@ -2142,6 +2196,7 @@ mod tests {
                 instances: 4,
                 state_dir: "/var/lib/eos-bridge".into(),
                 delivery: Delivery::AtLeastOnce,
+                on_identity_change: IdentityPolicy::Restart,
             },
             source: SourceConfig {
                 bootstrap_servers: "src-1:9092".into(),
@@ -2207,13 +2262,17 @@ mod tests {
         assert_eq!(c.bridge.instances, 1);
         assert_eq!(c.bridge.state_dir, Path::new("state"));
         assert_eq!(c.bridge.delivery, Delivery::ExactlyOnce);
+        assert_eq!(c.bridge.on_identity_change, IdentityPolicy::Stop);
         assert_eq!(c.source.topic_pattern, None);
         assert_eq!(c.source.start, StartPosition::Earliest);
         assert_eq!(c.source.on_offset_out_of_range, OutOfRange::Fail);
         assert!(c.source.kafka.is_empty());
         assert_eq!(c.sink.topic, "{source_topic}");
         assert_eq!(c.sink.partitioning, Partitioning::Preserve);
-        assert_eq!(c.sink.marker_topic, format!("__eos_bridge_markers.{}", c.bridge.id));
+        assert_eq!(
+            c.sink.marker_topic,
+            format!("__eos_bridge_markers.{}", c.bridge.id)
+        );
         assert_eq!(c.sink.on_bad_record, OnBadRecord::Stop);
         assert_eq!(c.sink.dead_letter_topic, "{source_topic}.dlq");
         assert_eq!(c.dead_letter_topic_for("orders"), "orders.dlq");
@@ -2552,6 +2611,18 @@ mod tests {
                 "\"at-most-once\"",
             ],
         );
+        rejects(
+            BASE,
+            &[("EOS_BRIDGE__BRIDGE__ON_IDENTITY_CHANGE", "continue")],
+            "bridge.on_identity_change",
+            &["\"continue\"", "\"stop\"", "\"restart\""],
+        );
+        let c = load(
+            BASE,
+            &[("EOS_BRIDGE__BRIDGE__ON_IDENTITY_CHANGE", "restart")],
+        )
+        .unwrap();
+        assert_eq!(c.bridge.on_identity_change, IdentityPolicy::Restart);
     }
 
     #[test]
@@ -2728,7 +2799,7 @@ mod tests {
                 dead_letter,
                 (
                     "EOS_BRIDGE__SINK__DEAD_LETTER_TOPIC",
-                    "__eos_bridge_markers",
+                    "__eos_bridge_markers.orders-mirror",
                 ),
             ],
             "sink.dead_letter_topic",
@@ -2819,11 +2890,14 @@ mod tests {
         rejects(
             &unset,
             &[
-                ("EOS_BRIDGE__SOURCE__TOPICS", "a,__eos_bridge_markers"),
+                (
+                    "EOS_BRIDGE__SOURCE__TOPICS",
+                    "a,__eos_bridge_markers.orders-mirror",
+                ),
                 ("EOS_BRIDGE__SINK__TOPIC", "{source_topic}-copy"),
             ],
             "source.topics",
-            &["\"__eos_bridge_markers\"", "commit markers"],
+            &["\"__eos_bridge_markers.orders-mirror\"", "commit markers"],
         );
     }
 

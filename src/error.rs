@@ -12,6 +12,7 @@ use thiserror::Error;
 
 use crate::checkpoint::StoreError;
 use crate::config::ConfigErrors;
+use crate::identity::IdentityError;
 use crate::recovery::RecoveryError;
 
 /// What the pipeline does about an error.
@@ -151,6 +152,19 @@ pub enum BridgeError {
     )]
     SourceTopicsUnavailable { topics: Vec<String> },
 
+    /// A cluster or topic is not the one the positions refer to, under `on_identity_change = "stop"`.
+    #[error(transparent)]
+    IdentityChanged(#[from] IdentityError),
+
+    /// Under `on_identity_change = "restart"`, a change found before a checkpoint committed: the
+    /// epoch read or wrote the new incarnation at old positions, so it is aborted and replayed
+    /// from the restarted positions.
+    #[error(
+        "{changes}; bridge.on_identity_change = \"restart\": the checkpoint is aborted and {topics} \
+         bridged again from the earliest offset"
+    )]
+    IdentityRestart { changes: String, topics: String },
+
     #[error("{0}")]
     Setup(String),
 }
@@ -189,7 +203,9 @@ impl BridgeError {
                 Some(c) if is_fencing(*c) || *c == RDKafkaErrorCode::Fatal => Action::Rebuild,
                 _ => Action::Abort,
             },
-            BridgeError::CheckpointTimeout { .. } => Action::Abort,
+            BridgeError::CheckpointTimeout { .. } | BridgeError::IdentityRestart { .. } => {
+                Action::Abort
+            }
             BridgeError::MarkerRead { .. } => Action::Rebuild,
             BridgeError::SourceTopicsUnavailable { .. } => Action::Retry,
             BridgeError::Fenced { .. }
@@ -202,6 +218,7 @@ impl BridgeError {
             | BridgeError::MarkerTopicShared { .. }
             | BridgeError::MarkerPartitionUnstable { .. }
             | BridgeError::SourceTopicsMissing { .. }
+            | BridgeError::IdentityChanged(_)
             | BridgeError::Setup(_) => Action::Stop,
         }
     }
@@ -224,7 +241,7 @@ impl BridgeError {
     }
 
     /// Every value `reason()` can return, so that metrics can show each at zero from the start.
-    pub const REASONS: [&'static str; 13] = [
+    pub const REASONS: [&'static str; 14] = [
         "kafka_error",
         "delivery_error",
         "checkpoint_timeout",
@@ -234,6 +251,7 @@ impl BridgeError {
         "recovery",
         "poison_record",
         "offset_out_of_range",
+        "identity_change",
         "config",
         "marker_topic_shared",
         "marker_partition_unstable",
@@ -254,6 +272,9 @@ impl BridgeError {
             BridgeError::Recovery(_) => "recovery",
             BridgeError::PoisonRecord(_) => "poison_record",
             BridgeError::OffsetOutOfRange { .. } => "offset_out_of_range",
+            BridgeError::IdentityChanged(_) | BridgeError::IdentityRestart { .. } => {
+                "identity_change"
+            }
             BridgeError::Config(_) => "config",
             BridgeError::MarkerTopicShared { .. } => "marker_topic_shared",
             BridgeError::MarkerPartitionUnstable { .. } => "marker_partition_unstable",

@@ -12,6 +12,7 @@ pub mod config;
 pub mod daemon;
 pub mod error;
 pub mod failpoint;
+pub mod identity;
 pub mod marker;
 pub mod metrics;
 pub mod pipeline;

@@ -8,6 +8,7 @@
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
+use crate::identity::Identity;
 use crate::positions::Positions;
 
 /// Version of the marker format; a reader refuses versions it does not know.
@@ -24,6 +25,10 @@ pub struct Marker {
     pub positions: Positions,
     /// Wall-clock time of the barrier, milliseconds since the epoch.
     pub time_ms: i64,
+    /// The clusters and topic incarnations the positions refer to. Optional within version 1:
+    /// markers written before it decode with None, and older builds ignore it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub identity: Option<Identity>,
 }
 
 #[derive(Debug, Error)]
@@ -75,6 +80,7 @@ mod tests {
             checkpoint_id: 7,
             positions,
             time_ms: 1_700_000_000_000,
+            identity: None,
         }
     }
 
@@ -82,6 +88,24 @@ mod tests {
     fn round_trip() {
         let m = marker();
         assert_eq!(Marker::decode(&m.encode()).unwrap(), m);
+    }
+
+    #[test]
+    fn markers_without_identity_still_decode() {
+        let m = marker();
+        let json = String::from_utf8(m.encode()).unwrap();
+        assert!(!json.contains("identity"), "{json}");
+        let mut with = marker();
+        with.identity = Some(Identity {
+            source_cluster: Some("c1".into()),
+            ..Identity::default()
+        });
+        let json = String::from_utf8(with.encode()).unwrap();
+        assert!(
+            json.contains(r#""identity":{"source_cluster":"c1"}"#),
+            "{json}"
+        );
+        assert_eq!(Marker::decode(json.as_bytes()).unwrap(), with);
     }
 
     #[test]

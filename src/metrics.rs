@@ -4,8 +4,8 @@
 //! metric anywhere else, so /metrics, the dashboard and the alert rules have one list to agree on.
 
 use prometheus::{
-    Counter, Encoder, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts,
-    Registry, TextEncoder,
+    Counter, Encoder, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec,
+    Opts, Registry, TextEncoder,
 };
 
 pub struct Metrics {
@@ -28,6 +28,7 @@ pub struct Metrics {
     pub marker_wait_seconds: Counter,
     pub in_flight_limit_bytes: IntGauge,
     pub epochs_ended: IntCounterVec,
+    pub identity_changes: IntCounterVec,
     pub build_info: IntGaugeVec,
 }
 
@@ -176,6 +177,15 @@ impl Metrics {
                 &["trigger"],
             )
             .unwrap(),
+            identity_changes: IntCounterVec::new(
+                opts(
+                    "identity_changes_total",
+                    "Clusters or topics found to be other incarnations than the committed positions \
+                     refer to, by kind (source_cluster, sink_cluster, source_topic, sink_topic).",
+                ),
+                &["kind"],
+            )
+            .unwrap(),
             build_info: IntGaugeVec::new(
                 opts("build_info", "Always 1; labels name the build."),
                 &["version"],
@@ -201,6 +211,9 @@ impl Metrics {
             .chain(["restored_from_savepoint"])
         {
             m.recoveries.with_label_values(&[outcome]);
+        }
+        for kind in crate::identity::Change::KINDS {
+            m.identity_changes.with_label_values(&[kind]);
         }
         m.build_info
             .with_label_values(&[env!("CARGO_PKG_VERSION")])
@@ -229,6 +242,7 @@ impl Metrics {
             Box::new(self.marker_wait_seconds.clone()),
             Box::new(self.in_flight_limit_bytes.clone()),
             Box::new(self.epochs_ended.clone()),
+            Box::new(self.identity_changes.clone()),
             Box::new(self.build_info.clone()),
             Box::new(prometheus::process_collector::ProcessCollector::for_self()),
         ];

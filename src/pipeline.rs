@@ -11,7 +11,7 @@
 //! record written to its dead-letter topic inside the epoch's transaction: exactly once, like every
 //! other output.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::mpsc::Receiver;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -27,6 +27,7 @@ use crate::checkpoint::{Checkpoint, CheckpointState, CheckpointStore};
 use crate::config::{Config, Delivery, OnBadRecord, OutOfRange, Partitioning, StartPosition};
 use crate::error::{Action, BadRecordStop, BridgeError, Result};
 use crate::failpoint;
+use crate::identity::{self, Identity};
 use crate::marker::{marker_partition, Marker, MARKER_VERSION};
 use crate::metrics::Metrics;
 use crate::positions::Positions;
@@ -36,6 +37,8 @@ use crate::sink::{is_permanent_record_error, Sink, SinkSettings, SourceRef};
 use crate::source::Source;
 use crate::status::{self, PartitionStatus, RunState, SharedStatus};
 use crate::transform::Router;
+
+mod identity_checks;
 
 /// How often the source is asked for new partitions and (with a pattern) new topics.
 const DISCOVERY_INTERVAL: Duration = Duration::from_secs(10);
@@ -324,6 +327,11 @@ struct Pipeline<'a> {
     pending: Option<u64>,
     /// Since when discovery has found a listed source topic missing.
     topics_missing_since: Option<Instant>,
+    /// The clusters and topic incarnations `committed` refers to; recorded in every checkpoint
+    /// and commit marker.
+    identity: Identity,
+    /// Changes already logged and counted under `restart`.
+    reported: BTreeSet<identity::Change>,
 }
 
 impl<'a> Pipeline<'a> {
@@ -425,6 +433,8 @@ impl<'a> Pipeline<'a> {
             failures_in_row: 0,
             pending: None,
             topics_missing_since: None,
+            identity: Identity::default(),
+            reported: BTreeSet::new(),
         };
         // A listed topic that is missing may be one a restarting broker does not know yet: wait a
         // little, then stop with the error that names it.
@@ -584,6 +594,8 @@ impl<'a> Pipeline<'a> {
         for w in &decision.warnings {
             warn!(warning = %w, "recovery");
         }
+        // Judged before sled is repaired, so that a stop leaves the state directory as it was.
+        let positions = self.judge_recovered_identity(&decision)?;
         for id in &decision.discard {
             self.store.discard(*id)?;
         }
@@ -594,7 +606,7 @@ impl<'a> Pipeline<'a> {
             self.store.put_committed(c)?;
         }
         self.last_id = decision.last_committed_id;
-        self.start_from(decision.positions, decision.outcome.as_str())
+        self.start_from(positions, decision.outcome.as_str())
     }
 
     /// `run --from-savepoint`: the savepoints' positions (of the partitions this instance owns)
@@ -643,6 +655,7 @@ impl<'a> Pipeline<'a> {
             .max()
             .unwrap_or(0)
             + 1;
+        let now = self.restored_identity(restore, &positions)?;
         self.store.put_committed(&Checkpoint {
             id,
             bridge_id: cfg.bridge.id.clone(),
@@ -652,6 +665,7 @@ impl<'a> Pipeline<'a> {
             positions: positions.clone(),
             created_ms: now_ms(),
             savepoint: Some(restore.tag()),
+            identity: Some(now),
         })?;
         info!(tag = %restore.tag(), checkpoint = id, partitions = positions.len(), "restored from savepoint");
         self.last_id = id;
@@ -704,6 +718,7 @@ impl<'a> Pipeline<'a> {
                 positions: positions.clone(),
                 created_ms: now_ms(),
                 savepoint: None,
+                identity: None,
             })?;
             if had_state {
                 info!(
@@ -763,15 +778,26 @@ impl<'a> Pipeline<'a> {
 
     /// Positions that retention has deleted under us: fail, or continue from the earliest record
     /// and count what was lost, as configured.
-    fn check_out_of_range(&self, positions: &mut Positions) -> Result<()> {
+    fn check_out_of_range(&mut self, positions: &mut Positions) -> Result<()> {
         let snapshot: Vec<(String, i32, i64)> = positions
             .iter()
             .map(|(t, p, o)| (t.to_string(), p, o))
             .collect();
+        let mut explained = BTreeSet::new();
+        let mut restarted = BTreeSet::new();
         for (t, p, o) in snapshot {
+            if restarted.contains(&t) {
+                continue;
+            }
             let (lo, hi) = self.source.watermarks(&t, p)?;
             if o >= lo && o <= hi {
                 continue;
+            }
+            if explained.insert(t.clone()) {
+                restarted.extend(self.identity_explains(&t, positions)?);
+                if restarted.contains(&t) {
+                    continue;
+                }
             }
             let lost = if o < lo { lo - o } else { 0 };
             match self.cfg.source.on_offset_out_of_range {
@@ -855,6 +881,7 @@ impl<'a> Pipeline<'a> {
             }
             if self.last_discovery.elapsed() >= DISCOVERY_INTERVAL {
                 self.discover_partitions()?;
+                self.check_identity()?;
             }
         }
     }
@@ -1012,6 +1039,8 @@ impl<'a> Pipeline<'a> {
         // Barrier: P(N) = current.
         let barrier = Instant::now();
         self.last_barrier = barrier;
+        self.verify_epoch(&consumed, &produced)?;
+        let identity = Some(self.identity.clone());
         let deadline = barrier + cfg.checkpoint.timeout;
         // One time for the checkpoint and its savepoint reply.
         let barrier_ms = now_ms();
@@ -1024,6 +1053,7 @@ impl<'a> Pipeline<'a> {
             positions: current.clone(),
             created_ms: barrier_ms,
             savepoint: savepoint_name.clone(),
+            identity: identity.clone(),
         };
         match cfg.bridge.delivery {
             Delivery::ExactlyOnce => {
@@ -1035,6 +1065,7 @@ impl<'a> Pipeline<'a> {
                     checkpoint_id: id,
                     positions: current.clone(),
                     time_ms: barrier_ms,
+                    identity: identity.clone(),
                 };
                 self.sink.send_marker(&marker)?;
                 failpoint::hit("after-marker");

@@ -15,6 +15,7 @@ use std::collections::BTreeSet;
 use thiserror::Error;
 
 use crate::checkpoint::{Checkpoint, CheckpointState};
+use crate::identity::Identity;
 use crate::marker::{marker_key, Marker};
 use crate::positions::Positions;
 
@@ -64,6 +65,10 @@ pub struct Decision {
     pub adopt: Option<Checkpoint>,
     /// Human-readable warnings for the log (e.g. marker topic lost).
     pub warnings: Vec<String>,
+    /// The clusters and topic incarnations the chosen positions refer to, when recorded, and
+    /// what recorded them ("commit marker 12"), for `identity::judge`.
+    pub identity: Option<Identity>,
+    pub identity_origin: String,
 }
 
 #[derive(Debug, Error, PartialEq, Eq)]
@@ -190,6 +195,7 @@ pub fn decide(
                         positions: m.positions.clone(),
                         created_ms: m.time_ms,
                         savepoint: None,
+                        identity: m.identity.clone(),
                     });
                     (Some(id), Some(m.positions.clone()), true)
                 }
@@ -239,6 +245,24 @@ pub fn decide(
             .any(|c| c.id == *id && c.state == CheckpointState::Committed)
     });
 
+    // The identity comes with the positions: the marker's when they are the marker's, unless the
+    // marker predates recorded identities and sled's copy of the same checkpoint has one.
+    let sled_identity = |id: u64| {
+        checkpoints
+            .iter()
+            .filter(|c| c.id == id)
+            .find_map(|c| c.identity.clone())
+    };
+    let in_sled = |id: u64| format!("checkpoint {id} in the state directory");
+    let (identity, identity_origin) = match (chosen_id, marker) {
+        (Some(id), Some(m)) if m.checkpoint_id == id => match &m.identity {
+            Some(i) => (Some(i.clone()), format!("commit marker {id}")),
+            None => (sled_identity(id), in_sled(id)),
+        },
+        (Some(id), _) => (sled_identity(id), in_sled(id)),
+        (None, _) => (None, String::new()),
+    };
+
     let outcome = if adopted {
         RecoveryOutcome::AdoptedFromMarker
     } else if rolled_back {
@@ -257,6 +281,8 @@ pub fn decide(
         confirm,
         adopt,
         warnings,
+        identity,
+        identity_origin,
     })
 }
 
@@ -295,6 +321,7 @@ mod tests {
             positions: positions(id),
             created_ms: NOW - 1000,
             savepoint: None,
+            identity: None,
         }
     }
 
@@ -307,6 +334,7 @@ mod tests {
             checkpoint_id: id,
             positions: positions(id),
             time_ms: NOW - 5000,
+            identity: None,
         }
     }
 
@@ -489,6 +517,47 @@ mod tests {
         let d = run(&[c], Some(&marker(5)));
         assert_eq!(d.positions, Some(positions(5)));
         assert_eq!(d.warnings.len(), 1);
+    }
+
+    fn ident(cluster: &str) -> Option<Identity> {
+        Some(Identity {
+            source_cluster: Some(cluster.into()),
+            ..Identity::default()
+        })
+    }
+
+    #[test]
+    fn the_identity_comes_with_the_chosen_positions() {
+        let mut m = marker(5);
+        m.identity = ident("from-marker");
+        let mut c5 = ckpt(5, Committed);
+        c5.identity = ident("from-sled-5");
+        let mut c7 = ckpt(7, Committed);
+        c7.identity = ident("from-sled-7");
+
+        let d = run(&[c5.clone()], Some(&m));
+        assert_eq!(d.identity, ident("from-marker"));
+        assert_eq!(d.identity_origin, "commit marker 5");
+
+        // A marker of an older build: sled's copy of the same checkpoint speaks.
+        let d = run(&[c5.clone()], Some(&marker(5)));
+        assert_eq!(d.identity, ident("from-sled-5"));
+        assert_eq!(d.identity_origin, "checkpoint 5 in the state directory");
+
+        // sled newer than the marker, and no marker at all (the sink cluster was rebuilt).
+        let d = run(&[c5.clone(), c7.clone()], Some(&m));
+        assert_eq!(d.identity, ident("from-sled-7"));
+        let d = run(&[c5, c7], None);
+        assert_eq!(d.identity, ident("from-sled-7"));
+        assert_eq!(d.identity_origin, "checkpoint 7 in the state directory");
+
+        // Adopted from the marker: the adopted checkpoint keeps the marker's identity.
+        let d = run(&[], Some(&m));
+        assert_eq!(d.identity, ident("from-marker"));
+        assert_eq!(d.adopt.unwrap().identity, ident("from-marker"));
+
+        let d = run(&[], None);
+        assert_eq!(d.identity, None);
     }
 
     #[test]

@@ -11,6 +11,7 @@ use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
 use crate::checkpoint::{Checkpoint, CheckpointState};
+use crate::identity::Identity;
 use crate::positions::Positions;
 
 pub const FORMAT: &str = "eos-bridge-savepoint";
@@ -29,6 +30,10 @@ pub struct Savepoint {
     pub checkpoint_id: u64,
     pub created_ms: i64,
     pub positions: Positions,
+    /// Where the positions were taken, for the operator and the restore's log. A restore does not
+    /// require the same clusters: moving between clusters is what a savepoint is for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub identity: Option<Identity>,
 }
 
 #[derive(Debug, Error, PartialEq, Eq)]
@@ -100,6 +105,7 @@ impl Savepoint {
             checkpoint_id: c.id,
             created_ms: c.created_ms,
             positions: c.positions.clone(),
+            identity: c.identity.clone(),
         })
     }
 
@@ -220,6 +226,7 @@ mod tests {
                 .collect(),
             created_ms: 1,
             savepoint: Some(name.into()),
+            identity: None,
         };
         Savepoint::from_checkpoint(&c).unwrap()
     }
@@ -235,6 +242,7 @@ mod tests {
             positions: Positions::new(),
             created_ms: 1,
             savepoint: Some("sp".into()),
+            identity: None,
         };
         assert_eq!(Savepoint::from_checkpoint(&c), None);
         c.state = CheckpointState::Committed;

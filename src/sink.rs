@@ -831,12 +831,8 @@ pub fn read_newest_marker(
     let (low, _) = consumer
         .fetch_watermarks(&s.marker_topic, s.marker_partition, timeout)
         .map_err(|e| BridgeError::kafka("fetch marker watermarks", e))?;
-    let lso = wait_for_stable_marker_partition(
-        s,
-        &consumer,
-        Instant::now() + stable_deadline,
-        report,
-    )?;
+    let lso =
+        wait_for_stable_marker_partition(s, &consumer, Instant::now() + stable_deadline, report)?;
     let end_at = Instant::now() + timeout;
     let key = marker_key(&s.bridge_id, s.instance);
     let mut hi = lso;

@@ -76,6 +76,20 @@ impl Broker {
     pub fn stop(&self) {
         run_kafka_script_quiet(&["stop", "--name", &self.name]);
     }
+
+    /// Replaces the broker by a new, empty cluster (a new cluster id) on the same address: a
+    /// cluster rebuilt behind an unchanged bootstrap address.
+    pub fn rebuild(&self) {
+        run_kafka_script_quiet(&["stop", "--name", &self.name, "--purge"]);
+        let port = self
+            .bootstrap
+            .rsplit(':')
+            .next()
+            .expect("host:port")
+            .to_string();
+        let b = run_kafka_script(&["start", "--name", &self.name, "--port", &port, "--fresh"]);
+        assert_eq!(b, self.bootstrap, "a rebuilt broker keeps its address");
+    }
 }
 
 fn run_kafka_script_quiet(args: &[&str]) {
