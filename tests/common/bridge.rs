@@ -28,6 +28,7 @@ pub struct BridgeSpec {
     pub source_topics: Vec<String>,
     pub sink_topic: String,
     pub partitioning: &'static str,
+    /// Empty: leave `sink.marker_topic` unset, so the bridge uses its default topic.
     pub marker_topic: String,
     pub interval: &'static str,
     pub checkpoint_timeout: &'static str,
@@ -85,7 +86,7 @@ on_offset_out_of_range = "{oor}"
 bootstrap_servers = "{kb}"
 topic = "{sink_topic}"
 partitioning = "{partitioning}"
-marker_topic = "{marker}"
+{marker}
 
 [checkpoint]
 interval = "{interval}"
@@ -112,7 +113,11 @@ timeout = "{stimeout}"
             oor = self.on_offset_out_of_range,
             sink_topic = self.sink_topic,
             partitioning = self.partitioning,
-            marker = self.marker_topic,
+            marker = if self.marker_topic.is_empty() {
+                String::new()
+            } else {
+                format!("marker_topic = {:?}", self.marker_topic)
+            },
             interval = self.interval,
             ctimeout = self.checkpoint_timeout,
             ttimeout = self.transaction_timeout,
@@ -275,6 +280,19 @@ impl Bridge {
             self.committed_total(),
             tail(&self.log_text(), 40)
         );
+    }
+
+    /// The value of one series of /metrics, e.g. `eos_bridge_marker_wait_seconds_total` or
+    /// `eos_bridge_checkpoints_total{result="completed"}`.
+    pub fn metric(&self, series: &str) -> Option<f64> {
+        let (_, body) = self.get("/metrics")?;
+        body.lines().find_map(|l| {
+            l.strip_prefix(series)?
+                .strip_prefix(' ')?
+                .trim()
+                .parse()
+                .ok()
+        })
     }
 
     /// Waits until the bridge reports checkpoint `id` or a later one; panics with its log if not.
