@@ -109,24 +109,10 @@ fn delete_topic(bootstrap: &str, topic: &str) {
 
 /// Creates `topic` again once its deletion has completed (Kafka deletes asynchronously).
 fn create_again(bootstrap: &str, topic: &str, partitions: u32) {
-    let p = partitions.to_string();
     let created = wait_until(Duration::from_secs(45), || {
-        kafka_tool(
-            "TopicCommand",
-            &[
-                "--bootstrap-server",
-                bootstrap,
-                "--create",
-                "--topic",
-                topic,
-                "--partitions",
-                &p,
-                "--replication-factor",
-                "1",
-            ],
-        )
-        .status
-        .success()
+        try_create_topic(bootstrap, topic, partitions, &[])
+            .status
+            .success()
     });
     assert!(created, "{topic} could not be created again");
 }
@@ -206,15 +192,9 @@ fn a_recreated_source_topic_stops_the_bridge_or_is_bridged_again_under_restart()
     assert_eq!(new_records.values().map(Vec::len).sum::<usize>(), 8_000);
     let mut bridge = home.start(&[("EOS_BRIDGE__BRIDGE__ON_IDENTITY_CHANGE", "restart")]);
     bridge.wait_committed(8_000, Duration::from_secs(60));
-    let (_, metrics) = bridge.get("/metrics").expect("metrics");
-    assert!(
-        metrics.contains("eos_bridge_identity_changes_total{kind=\"source_topic\"} 1"),
-        "{}",
-        metrics
-            .lines()
-            .filter(|l| l.contains("identity_changes"))
-            .collect::<Vec<_>>()
-            .join("\n")
+    assert_eq!(
+        bridge.metric("eos_bridge_identity_changes_total{kind=\"source_topic\"}"),
+        Some(1.0)
     );
     assert!(bridge.stop_gracefully(Duration::from_secs(30)).success());
     let log = bridge.log_text();
@@ -288,15 +268,9 @@ fn a_topic_recreated_while_running_is_bridged_again_under_restart() {
     produce_ok(b, &input, 4_000, 2);
     let new_records = read(b, &input);
     bridge.wait_committed(4_000, Duration::from_secs(60));
-    let (_, metrics) = bridge.get("/metrics").expect("metrics");
-    assert!(
-        metrics.contains("eos_bridge_identity_changes_total{kind=\"source_topic\"} 1"),
-        "{}",
-        metrics
-            .lines()
-            .filter(|l| l.contains("identity_changes"))
-            .collect::<Vec<_>>()
-            .join("\n")
+    assert_eq!(
+        bridge.metric("eos_bridge_identity_changes_total{kind=\"source_topic\"}"),
+        Some(1.0)
     );
     assert!(bridge.stop_gracefully(Duration::from_secs(30)).success());
     let log = bridge.log_text();

@@ -155,27 +155,38 @@ pub fn kafka_tool(class: &str, args: &[&str]) -> Output {
         .expect("scripts/kafka tool runs")
 }
 
-pub fn create_topic(bootstrap: &str, topic: &str, partitions: u32) {
+/// Runs Kafka's TopicCommand to create `topic` with topic configs such as
+/// "max.message.bytes=65536"; the caller judges the outcome.
+pub fn try_create_topic(bootstrap: &str, topic: &str, partitions: u32, configs: &[&str]) -> Output {
     let p = partitions.to_string();
-    let out = kafka_tool(
-        "TopicCommand",
-        &[
-            "--bootstrap-server",
-            bootstrap,
-            "--create",
-            "--topic",
-            topic,
-            "--partitions",
-            &p,
-            "--replication-factor",
-            "1",
-        ],
-    );
+    let mut args = vec![
+        "--bootstrap-server",
+        bootstrap,
+        "--create",
+        "--topic",
+        topic,
+        "--partitions",
+        &p,
+        "--replication-factor",
+        "1",
+    ];
+    for c in configs {
+        args.extend_from_slice(&["--config", c]);
+    }
+    kafka_tool("TopicCommand", &args)
+}
+
+pub fn create_topic_with(bootstrap: &str, topic: &str, partitions: u32, configs: &[&str]) {
+    let out = try_create_topic(bootstrap, topic, partitions, configs);
     assert!(
         out.status.success(),
         "creating topic {topic} failed: {}",
         String::from_utf8_lossy(&out.stderr)
     );
+}
+
+pub fn create_topic(bootstrap: &str, topic: &str, partitions: u32) {
+    create_topic_with(bootstrap, topic, partitions, &[]);
 }
 
 /// One record as Kafka's console consumer printed it.
