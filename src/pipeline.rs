@@ -656,20 +656,36 @@ impl<'a> Pipeline<'a> {
             .unwrap_or(0)
             + 1;
         let now = self.restored_identity(restore, &positions)?;
-        self.store.put_committed(&Checkpoint {
+        self.store.put_committed(&self.committed_checkpoint(
             id,
-            bridge_id: cfg.bridge.id.clone(),
-            instance: cfg.bridge.instance,
-            instances: cfg.bridge.instances,
-            state: CheckpointState::Committed,
-            positions: positions.clone(),
-            created_ms: now_ms(),
-            savepoint: Some(restore.tag()),
-            identity: Some(now),
-        })?;
+            positions.clone(),
+            Some(restore.tag()),
+            Some(now),
+        ))?;
         info!(tag = %restore.tag(), checkpoint = id, partitions = positions.len(), "restored from savepoint");
         self.last_id = id;
         self.start_from(Some(positions), "restored_from_savepoint")
+    }
+
+    /// A committed checkpoint of this instance's layout, stamped now.
+    fn committed_checkpoint(
+        &self,
+        id: u64,
+        positions: Positions,
+        savepoint: Option<String>,
+        identity: Option<Identity>,
+    ) -> Checkpoint {
+        Checkpoint {
+            id,
+            bridge_id: self.cfg.bridge.id.clone(),
+            instance: self.cfg.bridge.instance,
+            instances: self.cfg.bridge.instances,
+            state: CheckpointState::Committed,
+            positions,
+            created_ms: now_ms(),
+            savepoint,
+            identity,
+        }
     }
 
     /// Assigns the source at `saved` (None: the configured start position), with every owned
@@ -709,17 +725,12 @@ impl<'a> Pipeline<'a> {
         }
         self.check_out_of_range(&mut positions)?;
         if first_run {
-            self.store.put_resolved_start(&Checkpoint {
-                id: 0,
-                bridge_id: cfg.bridge.id.clone(),
-                instance: cfg.bridge.instance,
-                instances: cfg.bridge.instances,
-                state: CheckpointState::Committed,
-                positions: positions.clone(),
-                created_ms: now_ms(),
-                savepoint: None,
-                identity: None,
-            })?;
+            self.store.put_resolved_start(&self.committed_checkpoint(
+                0,
+                positions.clone(),
+                None,
+                None,
+            ))?;
             if had_state {
                 info!(
                     "no checkpoint yet: starting from the start positions kept by an earlier run"
