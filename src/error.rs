@@ -282,6 +282,15 @@ impl BridgeError {
         }
     }
 
+    /// The process's exit code when this error stops the bridge: 2 for a configuration that can
+    /// never work (fix the file or the environment), 1 for everything else.
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            BridgeError::Config(_) => 2,
+            _ => 1,
+        }
+    }
+
     /// The broker's error code, where there is one.
     pub fn code(&self) -> Option<RDKafkaErrorCode> {
         match self {

@@ -131,7 +131,7 @@ fn main() -> ExitCode {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {
                     eprintln!("eos-bridge: {e:#}");
-                    ExitCode::FAILURE
+                    ExitCode::from(e.exit_code())
                 }
             }
         }
