@@ -2989,7 +2989,12 @@ mod tests {
                 key.to_ascii_uppercase().replace('.', "__")
             );
             rejects(BASE, &[(&var, "0")], key, &["0 would", "bytes"]);
-            rejects(BASE, &[(&var, "16MiB")], key, &["\"16MiB\"", "whole number"]);
+            rejects(
+                BASE,
+                &[(&var, "16MiB")],
+                key,
+                &["\"16MiB\"", "whole number"],
+            );
         }
         assert!(load(BASE, &[("EOS_BRIDGE__CHECKPOINT__MIN_PAUSE", "0s")]).is_ok());
     }

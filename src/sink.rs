@@ -229,7 +229,7 @@ impl ProducerContext for SinkContext {
 
 /// The in-flight limit never goes below this (nor above the configured cap): a few batches, so
 /// that a throttled sink still gets full requests.
-pub const MIN_IN_FLIGHT_LIMIT: u64 = 256 * 1024;
+pub const MIN_IN_FLIGHT_LIMIT: u64 = 64 * 1024;
 /// A flush that delivered less than this in less than its budget measured the sink's latency, not
 /// its rate: it leaves the limit alone.
 const RATE_SAMPLE_MIN_BYTES: u64 = 64 * 1024;
@@ -1108,6 +1108,8 @@ mod tests {
         // 512 KiB/s for 4 s: a quarter of the timeout holds 512 KiB.
         l.timed_out(2 * MIB, Duration::from_secs(4));
         assert_eq!(l.bytes(), 512 * 1024);
+        l.timed_out(2 * MIB, Duration::from_secs(4));
+        assert_eq!(l.bytes(), 256 * 1024);
         // Nothing delivered at all: the floor, never zero.
         l.timed_out(0, Duration::from_secs(4));
         assert_eq!(l.bytes(), MIN_IN_FLIGHT_LIMIT);
@@ -1129,7 +1131,7 @@ mod tests {
         }
         assert_eq!(
             seen,
-            [256, 512, 1024, 2048, 4096, 8192, 16384, 16384, 16384].map(|k| k * 1024)
+            [64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384].map(|k| k * 1024)
         );
         // A small flush measures latency: no change either way.
         let before = l.bytes();
@@ -1147,9 +1149,9 @@ mod tests {
         l.flushed(8 * MIB, Duration::from_millis(1100));
         assert_eq!(l.bytes(), 2 * MIB);
         // A cap below the floor is the floor.
-        let mut small = InFlightLimit::new(100_000, Duration::from_secs(4));
+        let mut small = InFlightLimit::new(50_000, Duration::from_secs(4));
         small.timed_out(0, Duration::from_secs(4));
-        assert_eq!(small.bytes(), 100_000);
+        assert_eq!(small.bytes(), 50_000);
     }
 
     #[test]
