@@ -1520,7 +1520,7 @@ impl Loader {
             .id
             .chars()
             .all(|ch| ch.is_ascii_alphanumeric() || matches!(ch, '.' | '_' | '-'));
-        let mut marker_ok = self.usable(&["sink.marker_topic"]) && !(default_marker && !id_legal);
+        let mut marker_ok = self.usable(&["sink.marker_topic"]) && (id_legal || !default_marker);
         if marker_ok {
             if let Err(why) = check_topic_name(&sink.marker_topic) {
                 marker_ok = false;
