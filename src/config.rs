@@ -141,8 +141,16 @@ pub struct SinkConfig {
     pub on_bad_record: OnBadRecord,
     /// A template like `topic`; used only with [`OnBadRecord::DeadLetter`].
     pub dead_letter_topic: String,
+    /// The most output bytes (keys and values) handed to the producer and not yet acknowledged;
+    /// the bridge lowers its working limit below this for a slow sink.
+    pub max_in_flight_bytes: u64,
     pub kafka: KafkaProps,
 }
+
+/// `sink.max_in_flight_bytes` when unset: 16 MiB.
+pub const DEFAULT_MAX_IN_FLIGHT_BYTES: u64 = 16 * 1024 * 1024;
+/// `checkpoint.max_bytes` when unset: 64 MiB.
+pub const DEFAULT_EPOCH_MAX_BYTES: u64 = 64 * 1024 * 1024;
 
 /// What to do with a record the sink refuses for good (too large for the sink topic, invalid).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -167,6 +175,8 @@ pub struct CheckpointConfig {
     pub min_pause: Duration,
     pub timeout: Duration,
     pub retain: usize,
+    /// An epoch ends early once its output (keys and values) reaches this many bytes.
+    pub max_bytes: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -536,6 +546,7 @@ impl Default for CheckpointConfig {
             min_pause: Duration::ZERO,
             timeout: Duration::from_secs(30),
             retain: 3,
+            max_bytes: DEFAULT_EPOCH_MAX_BYTES,
         }
     }
 }
@@ -758,6 +769,7 @@ struct RawSink {
     marker_topic: Field<String>,
     on_bad_record: Field<Parse<OnBadRecord>>,
     dead_letter_topic: Field<String>,
+    max_in_flight_bytes: Field<Count<u64>>,
 }
 
 #[derive(Default, serde::Deserialize)]
@@ -767,6 +779,7 @@ struct RawCheckpoint {
     min_pause: Field<HumanDuration>,
     timeout: Field<HumanDuration>,
     retain: Field<Count<usize>>,
+    max_bytes: Field<Count<u64>>,
 }
 
 #[derive(Default, serde::Deserialize)]
@@ -1278,6 +1291,9 @@ impl Loader {
                 .take("sink.on_bad_record", k.on_bad_record)
                 .map_or(OnBadRecord::Stop, |Parse(v)| v),
             dead_letter_topic: DEFAULT_DEAD_LETTER_TOPIC.to_string(),
+            max_in_flight_bytes: self
+                .take("sink.max_in_flight_bytes", k.max_in_flight_bytes)
+                .map_or(DEFAULT_MAX_IN_FLIGHT_BYTES, |Count(n)| n),
             kafka: sink_kafka,
         };
         if let Some(topic) = self.take("sink.dead_letter_topic", k.dead_letter_topic) {
@@ -1309,6 +1325,9 @@ impl Loader {
             retain: self
                 .take("checkpoint.retain", c.retain)
                 .map_or(dc.retain, |Count(n)| n),
+            max_bytes: self
+                .take("checkpoint.max_bytes", c.max_bytes)
+                .map_or(dc.max_bytes, |Count(n)| n),
         };
         let transaction = TransactionConfig {
             timeout: self
@@ -1724,6 +1743,25 @@ impl Loader {
                 self.fail(
                     key,
                     format!(r#""0s" must be longer than zero: {DURATION_EXAMPLES}"#),
+                );
+            }
+        }
+        for (key, value, why) in [
+            (
+                "checkpoint.max_bytes",
+                cp.max_bytes,
+                "would end every epoch at its first record",
+            ),
+            (
+                "sink.max_in_flight_bytes",
+                c.sink.max_in_flight_bytes,
+                "would let no record be sent",
+            ),
+        ] {
+            if value == 0 && self.usable(&[key]) {
+                self.fail(
+                    key,
+                    format!("0 {why}: give a number of bytes, such as 16777216 for 16 MiB"),
                 );
             }
         }
@@ -2165,6 +2203,7 @@ mod tests {
             marker_topic = "mirror.markers"
             on_bad_record = "dead-letter"
             dead_letter_topic = "mirror.{source_topic}.refused"
+            max_in_flight_bytes = 4194304
 
             [sink.kafka]
             "compression.type" = "zstd"
@@ -2176,6 +2215,7 @@ mod tests {
             min_pause = "500ms"
             timeout = "20s"
             retain = 5
+            max_bytes = 33554432
 
             [transaction]
             timeout = "2m"
@@ -2218,6 +2258,7 @@ mod tests {
                 marker_topic: "mirror.markers".into(),
                 on_bad_record: OnBadRecord::DeadLetter,
                 dead_letter_topic: "mirror.{source_topic}.refused".into(),
+                max_in_flight_bytes: 4 * 1024 * 1024,
                 kafka: [
                     ("compression.type", "zstd"),
                     ("linger.ms", "5"),
@@ -2231,6 +2272,7 @@ mod tests {
                 min_pause: Duration::from_millis(500),
                 timeout: Duration::from_secs(20),
                 retain: 5,
+                max_bytes: 32 * 1024 * 1024,
             },
             transaction: TransactionConfig {
                 timeout: Duration::from_secs(120),
@@ -2282,6 +2324,8 @@ mod tests {
         assert_eq!(c.checkpoint.min_pause, Duration::ZERO);
         assert_eq!(c.checkpoint.timeout, Duration::from_secs(30));
         assert_eq!(c.checkpoint.retain, 3);
+        assert_eq!(c.checkpoint.max_bytes, 64 * 1024 * 1024);
+        assert_eq!(c.sink.max_in_flight_bytes, 16 * 1024 * 1024);
         assert_eq!(c.transaction.timeout, Duration::from_secs(60));
         assert_eq!(c.api.listen, SocketAddr::from(([127, 0, 0, 1], 8080)));
         assert_eq!(c.api.admin_token, None);
@@ -2939,6 +2983,19 @@ mod tests {
             "shutdown.timeout",
             &["\"0s\""],
         );
+        for key in ["checkpoint.max_bytes", "sink.max_in_flight_bytes"] {
+            let var = format!(
+                "EOS_BRIDGE__{}",
+                key.to_ascii_uppercase().replace('.', "__")
+            );
+            rejects(BASE, &[(&var, "0")], key, &["0 would", "bytes"]);
+            rejects(
+                BASE,
+                &[(&var, "16MiB")],
+                key,
+                &["\"16MiB\"", "whole number"],
+            );
+        }
         assert!(load(BASE, &[("EOS_BRIDGE__CHECKPOINT__MIN_PAUSE", "0s")]).is_ok());
     }
 

@@ -33,7 +33,7 @@ use crate::metrics::Metrics;
 use crate::positions::Positions;
 use crate::recovery::decide;
 use crate::savepoint::{Restore, Savepoint, RESTORED_PREFIX};
-use crate::sink::{is_permanent_record_error, Sink, SinkSettings, SourceRef};
+use crate::sink::{is_permanent_record_error, InFlightLimit, Sink, SinkSettings, SourceRef};
 use crate::source::Source;
 use crate::status::{self, PartitionStatus, RunState, SharedStatus};
 use crate::transform::Router;
@@ -332,6 +332,8 @@ struct Pipeline<'a> {
     identity: Identity,
     /// Changes already logged and counted under `restart`.
     reported: BTreeSet<identity::Change>,
+    /// Bound on output bytes in flight, fitted to the sink's measured delivery rate.
+    in_flight: InFlightLimit,
 }
 
 impl<'a> Pipeline<'a> {
@@ -411,6 +413,8 @@ impl<'a> Pipeline<'a> {
         };
         status::update(&shared.status, |s| s.transactions_ready = true);
 
+        let cfg_in_flight_cap = cfg.sink.max_in_flight_bytes;
+        let cfg_checkpoint_timeout = cfg.checkpoint.timeout;
         let mut p = Pipeline {
             cfg,
             shared,
@@ -435,7 +439,9 @@ impl<'a> Pipeline<'a> {
             topics_missing_since: None,
             identity: Identity::default(),
             reported: BTreeSet::new(),
+            in_flight: InFlightLimit::new(cfg_in_flight_cap, cfg_checkpoint_timeout),
         };
+        p.publish_in_flight_limit();
         // A listed topic that is missing may be one a restarting broker does not know yet: wait a
         // little, then stop with the error that names it.
         let began = Instant::now();
@@ -972,13 +978,35 @@ impl<'a> Pipeline<'a> {
         // at-most-once checkpoints positions before producing, so it holds the epoch's records.
         let mut held: Vec<OwnedMessage> = Vec::new();
         let at_most_once = cfg.bridge.delivery == Delivery::AtMostOnce;
+        // Output bytes of this epoch, against checkpoint.max_bytes.
+        let mut epoch_bytes: u64 = 0;
+        let mut trigger = "interval";
 
         loop {
             let now = Instant::now();
-            if now >= barrier_at || self.shutdown_requested() {
+            if self.shutdown_requested() {
+                trigger = "shutdown";
                 break;
             }
-            let wait = (barrier_at - now).min(Duration::from_millis(100));
+            if now >= barrier_at {
+                break;
+            }
+            if epoch_bytes >= cfg.checkpoint.max_bytes {
+                trigger = "size";
+                break;
+            }
+            // Waited out before a record is read, not after: a record read is in the epoch's
+            // positions and must be sent in it. A record may overshoot the limit by its size.
+            if !at_most_once
+                && !self
+                    .sink
+                    .wait_in_flight_below(self.in_flight.bytes(), barrier_at)
+            {
+                break;
+            }
+            let wait = barrier_at
+                .saturating_duration_since(Instant::now())
+                .min(Duration::from_millis(100));
             let msg = match self.source.poll(wait) {
                 None => {
                     status::update(&self.shared.status, |s| s.heartbeat = Instant::now());
@@ -1012,6 +1040,7 @@ impl<'a> Pipeline<'a> {
                 partition: msg.partition(),
                 offset: msg.offset(),
             };
+            epoch_bytes += (msg.key_len() + msg.payload_len()) as u64;
             if let Some(bad) = (!self.bad_records.is_empty())
                 .then(|| self.bad_records.get(&src))
                 .flatten()
@@ -1050,6 +1079,11 @@ impl<'a> Pipeline<'a> {
         // Barrier: P(N) = current.
         let barrier = Instant::now();
         self.last_barrier = barrier;
+        self.shared
+            .metrics
+            .epochs_ended
+            .with_label_values(&[trigger])
+            .inc();
         self.verify_epoch(&consumed, &produced)?;
         let identity = Some(self.identity.clone());
         let deadline = barrier + cfg.checkpoint.timeout;
@@ -1122,6 +1156,10 @@ impl<'a> Pipeline<'a> {
                         offset: m.offset(),
                     };
                     let headers = m.headers().cloned();
+                    // Past the deadline the flush below times out; sending on is still the best
+                    // chance of delivering what was checkpointed.
+                    self.sink
+                        .wait_in_flight_below(self.in_flight.bytes(), deadline);
                     self.sink.send(
                         &sink_topic,
                         partition,
@@ -1205,17 +1243,51 @@ impl<'a> Pipeline<'a> {
 
     fn flush_until(&mut self, id: u64, deadline: Instant) -> Result<()> {
         let left = deadline.saturating_duration_since(Instant::now());
-        match self.sink.flush(left) {
+        let began = Instant::now();
+        let reported = self.sink.reported_bytes();
+        let in_flight = self.sink.in_flight_bytes();
+        let flushed = self.sink.flush(left);
+        let delivered = self.sink.reported_bytes().saturating_sub(reported);
+        let took = began.elapsed();
+        match flushed {
             Err(BridgeError::Kafka {
                 source: KafkaError::Flush(RDKafkaErrorCode::OperationTimedOut),
                 ..
-            }) => Err(BridgeError::CheckpointTimeout {
-                id,
-                step: "flush",
-                timeout: self.cfg.checkpoint.timeout,
-            }),
+            }) => {
+                let before = self.in_flight.bytes();
+                self.in_flight.timed_out(delivered, took);
+                warn!(
+                    checkpoint = id,
+                    in_flight_bytes = in_flight,
+                    delivered_bytes = delivered,
+                    flush_ms = took.as_millis() as u64,
+                    limit_before = before,
+                    limit_after = self.in_flight.bytes(),
+                    "the sink delivers slower than checkpoint.timeout allows; shrinking the in-flight limit"
+                );
+                self.publish_in_flight_limit();
+                Err(BridgeError::CheckpointTimeout {
+                    id,
+                    step: "flush",
+                    timeout: self.cfg.checkpoint.timeout,
+                })
+            }
+            Ok(()) => {
+                self.in_flight.flushed(delivered, took);
+                self.publish_in_flight_limit();
+                Ok(())
+            }
             other => other,
         }
+    }
+
+    fn publish_in_flight_limit(&self) {
+        let limit = self.in_flight.bytes();
+        self.shared
+            .metrics
+            .in_flight_limit_bytes
+            .set(i64::try_from(limit).unwrap_or(i64::MAX));
+        status::update(&self.shared.status, |s| s.in_flight_limit_bytes = limit);
     }
 
     /// The abort path, the rebuild path, or stop, as the error's class says. A bad record stops

@@ -13,8 +13,8 @@
 //! error, which outranks the collateral ones (purged, erroneous state), and a refused send waits
 //! briefly for the delivery reports that say which record really failed.
 
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use rdkafka::config::ClientConfig;
@@ -105,14 +105,70 @@ const ATTRIBUTION_WAIT: Duration = Duration::from_secs(5);
 /// Once a failure is reported, how long the reports of records still in flight may take: they come
 /// in the same responses, so this is ample; waiting longer only delays the abort.
 const SETTLE_GRACE: Duration = Duration::from_millis(500);
+/// The longest a wait for delivery reports sleeps before it looks again: librdkafka's in-flight
+/// count drops a moment after the report's callback has woken us.
+const REPORT_WAIT: Duration = Duration::from_millis(2);
 
 #[derive(Default)]
 pub struct SinkContext {
     failed: AtomicBool,
     first_failure: Mutex<Option<DeliveryFailure>>,
+    /// Key and payload bytes handed to librdkafka whose delivery report has not arrived.
+    in_flight_bytes: AtomicU64,
+    /// Key and payload bytes whose delivery report arrived, success or failure, ever: the delivery
+    /// rate is measured from its growth.
+    reported_bytes: AtomicU64,
+    /// Wakes a thread waiting for delivery reports; the mutex only orders the wake-up after the
+    /// waiter's check, so that none is lost.
+    report_lock: Mutex<()>,
+    report: Condvar,
 }
 
 impl SinkContext {
+    fn sent(&self, bytes: u64) {
+        self.in_flight_bytes.fetch_add(bytes, Ordering::AcqRel);
+    }
+
+    /// A send librdkafka refused: it never was in flight.
+    fn unsent(&self, bytes: u64) {
+        let _ = self
+            .in_flight_bytes
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |v| {
+                Some(v.saturating_sub(bytes))
+            });
+    }
+
+    fn reported(&self, bytes: u64) {
+        // Saturating: a report never arrives for more than was sent, but an underflow must not
+        // turn into a limit that blocks forever.
+        let _ = self
+            .in_flight_bytes
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |v| {
+                Some(v.saturating_sub(bytes))
+            });
+        self.reported_bytes.fetch_add(bytes, Ordering::AcqRel);
+        drop(self.report_lock.lock().unwrap_or_else(|p| p.into_inner()));
+        self.report.notify_all();
+    }
+
+    fn in_flight_bytes(&self) -> u64 {
+        self.in_flight_bytes.load(Ordering::Acquire)
+    }
+
+    fn reported_bytes(&self) -> u64 {
+        self.reported_bytes.load(Ordering::Acquire)
+    }
+
+    /// Waits until `done` holds, a delivery report arrives, or `at_most` passes, whichever comes
+    /// first; the caller re-checks its own condition.
+    fn wait_report(&self, at_most: Duration, done: impl Fn() -> bool) {
+        let guard = self.report_lock.lock().unwrap_or_else(|p| p.into_inner());
+        if done() {
+            return;
+        }
+        let _ = self.report.wait_timeout(guard, at_most);
+    }
+
     /// Keeps the failure that says most about its cause (see `rank`), the first of equals, except
     /// that for a size error the largest record wins: the broker rejects a whole batch for one
     /// oversized record, and that record is the one to name.
@@ -154,6 +210,10 @@ impl ProducerContext for SinkContext {
     type DeliveryOpaque = Box<SourceRef>;
 
     fn delivery(&self, result: &DeliveryResult<'_>, source: Self::DeliveryOpaque) {
+        let msg = match result {
+            Ok(msg) | Err((_, msg)) => msg,
+        };
+        let bytes = msg.key().map_or(0, <[u8]>::len) + msg.payload_len();
         if let Err((e, msg)) = result {
             self.record_failure(DeliveryFailure {
                 source: *source,
@@ -162,6 +222,72 @@ impl ProducerContext for SinkContext {
                 payload_len: msg.payload_len(),
             });
         }
+        // After the failure is recorded: a woken waiter must see it.
+        self.reported(bytes as u64);
+    }
+}
+
+/// The in-flight limit never goes below this (nor above the configured cap): a few batches, so
+/// that a throttled sink still gets full requests.
+pub const MIN_IN_FLIGHT_LIMIT: u64 = 64 * 1024;
+/// A flush that delivered less than this in less than its budget measured the sink's latency, not
+/// its rate: it leaves the limit alone.
+const RATE_SAMPLE_MIN_BYTES: u64 = 64 * 1024;
+
+/// The adaptive bound on output bytes in flight (handed to the producer, not yet acknowledged).
+///
+/// A checkpoint's flush has to deliver what is in flight at the barrier within
+/// checkpoint.timeout; keeping that below what the sink delivers in a quarter of the timeout
+/// leaves room for rate swings and for the commit. The sink's rate is measured at each flush:
+/// a slow flush (or a timed-out one) sets the limit from it at once, a fast flush that delivered
+/// a fair amount lets it grow, at most twofold per checkpoint.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct InFlightLimit {
+    limit: u64,
+    floor: u64,
+    cap: u64,
+    /// The time a flush should take at most: a quarter of checkpoint.timeout.
+    budget: Duration,
+}
+
+impl InFlightLimit {
+    /// Starts at the cap: until a flush says otherwise, the sink is taken to be fast.
+    pub fn new(cap: u64, checkpoint_timeout: Duration) -> InFlightLimit {
+        let cap = cap.max(1);
+        InFlightLimit {
+            limit: cap,
+            floor: MIN_IN_FLIGHT_LIMIT.min(cap),
+            cap,
+            budget: checkpoint_timeout / 4,
+        }
+    }
+
+    pub fn bytes(&self) -> u64 {
+        self.limit
+    }
+
+    /// What the sink delivers within the budget at the rate `delivered` bytes in `took`.
+    fn fits_budget(&self, delivered: u64, took: Duration) -> u64 {
+        let rate = delivered as f64 / took.as_secs_f64().max(1e-3);
+        (rate * self.budget.as_secs_f64()) as u64
+    }
+
+    /// A flush delivered `delivered` bytes in `took`.
+    pub fn flushed(&mut self, delivered: u64, took: Duration) {
+        let fits = self.fits_budget(delivered, took);
+        if took > self.budget {
+            // The sink was busy the whole flush: its rate is what was measured.
+            self.limit = fits.clamp(self.floor, self.limit.max(self.floor));
+        } else if delivered >= RATE_SAMPLE_MIN_BYTES {
+            let most = self.limit.saturating_mul(2).min(self.cap);
+            self.limit = fits.clamp(self.limit, most.max(self.limit));
+        }
+    }
+
+    /// A flush timed out after delivering `delivered` bytes in `took`: at least halve the limit.
+    pub fn timed_out(&mut self, delivered: u64, took: Duration) {
+        let fits = self.fits_budget(delivered, took);
+        self.limit = fits.min(self.limit / 2).clamp(self.floor, self.cap);
     }
 }
 
@@ -524,14 +650,58 @@ impl Sink {
         K: ToBytes + ?Sized,
         P: ToBytes + ?Sized,
     {
+        let bytes = record.key.map_or(0, |k| k.to_bytes().len())
+            + record.payload.map_or(0, |p| p.to_bytes().len());
         loop {
+            // Counted before the send: the delivery report can arrive before send returns.
+            self.producer.context().sent(bytes as u64);
             match self.producer.send(record) {
-                Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), back)) => {
-                    record = back;
-                    self.producer.poll(Duration::from_millis(5));
+                Ok(()) => return Ok(()),
+                Err((e, back)) => {
+                    self.producer.context().unsent(bytes as u64);
+                    match e {
+                        KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull) => {
+                            record = back;
+                            let ctx = self.producer.context();
+                            ctx.wait_report(Duration::from_millis(5), || false);
+                        }
+                        e => return Err((e, back)),
+                    }
                 }
-                other => return other,
             }
+        }
+    }
+
+    /// Key and payload bytes handed to the producer and not yet acknowledged (or failed).
+    pub fn in_flight_bytes(&self) -> u64 {
+        self.producer.context().in_flight_bytes()
+    }
+
+    /// Bytes whose delivery report arrived since the producer was built; only differences of it
+    /// mean anything.
+    pub fn reported_bytes(&self) -> u64 {
+        self.producer.context().reported_bytes()
+    }
+
+    /// Waits until fewer than `limit` bytes are in flight, or `until` passes; says whether the
+    /// bytes in flight are below the limit. Woken by each delivery report, not by polling.
+    pub fn wait_in_flight_below(&self, limit: u64, until: Instant) -> bool {
+        let ctx = self.producer.context();
+        loop {
+            if ctx.in_flight_bytes() < limit {
+                return true;
+            }
+            // A failed transaction is not waited on: the next send or the flush reports it.
+            if ctx.has_failed() {
+                return true;
+            }
+            let now = Instant::now();
+            if now >= until {
+                return false;
+            }
+            ctx.wait_report((until - now).min(REPORT_WAIT), || {
+                ctx.in_flight_bytes() < limit || ctx.has_failed()
+            });
         }
     }
 
@@ -577,9 +747,10 @@ impl Sink {
     fn wait_delivered(&self, timeout: Duration) -> rdkafka::error::KafkaResult<()> {
         let end = Instant::now() + timeout;
         let mut failed_at: Option<Instant> = None;
+        let ctx = self.producer.context();
         while self.producer.in_flight_count() > 0 {
             let now = Instant::now();
-            if failed_at.is_none() && self.producer.context().has_failed() {
+            if failed_at.is_none() && ctx.has_failed() {
                 failed_at = Some(now);
             }
             if failed_at.is_some_and(|t| now.duration_since(t) >= SETTLE_GRACE) {
@@ -588,8 +759,11 @@ impl Sink {
             if now >= end {
                 return Err(KafkaError::Flush(RDKafkaErrorCode::OperationTimedOut));
             }
-            // Serves delivery reports alongside the producer's own polling thread.
-            self.producer.poll(Duration::from_millis(1));
+            // The producer's own thread serves the reports and wakes us at each; the short bound
+            // covers librdkafka's count dropping a moment after the report's callback.
+            ctx.wait_report(REPORT_WAIT.min(end.saturating_duration_since(now)), || {
+                self.producer.in_flight_count() == 0
+            });
         }
         Ok(())
     }
@@ -924,6 +1098,86 @@ pub fn is_client_wide(key: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    const MIB: u64 = 1024 * 1024;
+
+    #[test]
+    fn a_timed_out_flush_shrinks_the_limit_to_what_the_sink_delivers() {
+        let mut l = InFlightLimit::new(16 * MIB, Duration::from_secs(4));
+        assert_eq!(l.bytes(), 16 * MIB);
+        // 512 KiB/s for 4 s: a quarter of the timeout holds 512 KiB.
+        l.timed_out(2 * MIB, Duration::from_secs(4));
+        assert_eq!(l.bytes(), 512 * 1024);
+        l.timed_out(2 * MIB, Duration::from_secs(4));
+        assert_eq!(l.bytes(), 256 * 1024);
+        // Nothing delivered at all: the floor, never zero.
+        l.timed_out(0, Duration::from_secs(4));
+        assert_eq!(l.bytes(), MIN_IN_FLIGHT_LIMIT);
+        // A rate that would allow more still halves it.
+        let mut l = InFlightLimit::new(16 * MIB, Duration::from_secs(4));
+        l.timed_out(100 * MIB, Duration::from_secs(4));
+        assert_eq!(l.bytes(), 8 * MIB);
+    }
+
+    #[test]
+    fn fast_flushes_grow_the_limit_at_most_twofold_up_to_the_cap() {
+        let mut l = InFlightLimit::new(16 * MIB, Duration::from_secs(4));
+        l.timed_out(0, Duration::from_secs(4));
+        let mut seen = vec![l.bytes()];
+        for _ in 0..8 {
+            // The whole limit delivered in 10 ms: a fast sink.
+            l.flushed(l.bytes(), Duration::from_millis(10));
+            seen.push(l.bytes());
+        }
+        assert_eq!(
+            seen,
+            [64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384].map(|k| k * 1024)
+        );
+        // A small flush measures latency: no change either way.
+        let before = l.bytes();
+        l.flushed(1000, Duration::from_millis(900));
+        assert_eq!(l.bytes(), before);
+    }
+
+    #[test]
+    fn a_slow_flush_sets_the_limit_from_the_measured_rate_and_never_raises_it() {
+        let mut l = InFlightLimit::new(16 * MIB, Duration::from_secs(4));
+        // 4 MiB in 2 s (budget 1 s): 2 MiB/s, so 2 MiB fit the budget.
+        l.flushed(4 * MIB, Duration::from_secs(2));
+        assert_eq!(l.bytes(), 2 * MIB);
+        // Slow but at a higher rate than the limit: the limit stays.
+        l.flushed(8 * MIB, Duration::from_millis(1100));
+        assert_eq!(l.bytes(), 2 * MIB);
+        // A cap below the floor is the floor.
+        let mut small = InFlightLimit::new(50_000, Duration::from_secs(4));
+        small.timed_out(0, Duration::from_secs(4));
+        assert_eq!(small.bytes(), 50_000);
+    }
+
+    #[test]
+    fn in_flight_bytes_follow_sends_and_reports() {
+        let ctx = SinkContext::default();
+        ctx.sent(1000);
+        ctx.sent(500);
+        ctx.unsent(500);
+        assert_eq!(ctx.in_flight_bytes(), 1000);
+        let began = Instant::now();
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                std::thread::sleep(Duration::from_millis(50));
+                ctx.reported(1000);
+            });
+            while ctx.in_flight_bytes() > 0 {
+                assert!(began.elapsed() < Duration::from_secs(5), "no report");
+                ctx.wait_report(Duration::from_secs(1), || ctx.in_flight_bytes() == 0);
+            }
+        });
+        assert_eq!(ctx.in_flight_bytes(), 0);
+        assert_eq!(ctx.reported_bytes(), 1000);
+        // A report for more than is in flight cannot wrap around.
+        ctx.reported(10);
+        assert_eq!(ctx.in_flight_bytes(), 0);
+    }
 
     #[test]
     fn backoff_grows_and_is_capped() {

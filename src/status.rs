@@ -44,6 +44,8 @@ pub struct Status {
     /// Why recovery is waiting, while it waits (e.g. for another producer's transaction on the
     /// marker partition).
     pub recovery_wait: Option<String>,
+    /// The bound on output bytes in flight to the sink, fitted to its delivery rate.
+    pub in_flight_limit_bytes: u64,
     #[serde(skip)]
     pub last_checkpoint_at: Option<Instant>,
     #[serde(skip)]
@@ -70,6 +72,7 @@ impl Status {
             last_checkpoint_time_ms: None,
             failure: None,
             recovery_wait: None,
+            in_flight_limit_bytes: 0,
             last_checkpoint_at: None,
             epoch_started_at: None,
             heartbeat: Instant::now(),

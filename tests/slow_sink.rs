@@ -1,0 +1,203 @@
+//! A sink slower than checkpoint.timeout allows for a whole backlog: the bridge's producer is
+//! throttled by a client quota (producer_byte_rate = 512 KiB/s, set with kafka-configs) and faces
+//! 6,000 incompressible records of about 1 KB, with checkpoint.timeout = 4s. Unbounded epochs
+//! would time out at "flush" and replay at the same size forever; bounded ones must bridge
+//! everything, exactly once and in order per partition (judged by Kafka's read_committed console
+//! consumer), in several checkpoints.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use rand::RngCore;
+use rdkafka::config::ClientConfig;
+use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
+
+use common::bridge::*;
+use common::*;
+
+const PARTITIONS: i32 = 2;
+const PER_PARTITION: usize = 1_500;
+const PAD: usize = 1_000;
+const QUOTA_BYTES_PER_S: &str = "131072";
+/// The default sink.max_in_flight_bytes, where the limit starts.
+const DEFAULT_CAP: u64 = 16 * 1024 * 1024;
+
+/// A client quota on one client id, removed again when dropped (also when the test fails).
+struct Quota {
+    client_id: String,
+}
+
+impl Quota {
+    fn set(bootstrap: &str, client_id: &str) -> Quota {
+        let out = kafka_tool(
+            "kafka.admin.ConfigCommand",
+            &[
+                "--bootstrap-server",
+                bootstrap,
+                "--alter",
+                "--add-config",
+                &format!("producer_byte_rate={QUOTA_BYTES_PER_S}"),
+                "--entity-type",
+                "clients",
+                "--entity-name",
+                client_id,
+            ],
+        );
+        assert!(
+            out.status.success(),
+            "setting the quota failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Quota {
+            client_id: client_id.to_string(),
+        }
+    }
+}
+
+impl Drop for Quota {
+    fn drop(&mut self) {
+        let out = kafka_tool(
+            "kafka.admin.ConfigCommand",
+            &[
+                "--bootstrap-server",
+                bootstrap(),
+                "--alter",
+                "--delete-config",
+                "producer_byte_rate",
+                "--entity-type",
+                "clients",
+                "--entity-name",
+                &self.client_id,
+            ],
+        );
+        if !out.status.success() {
+            eprintln!(
+                "removing the quota on {} failed (harmless, the client id is unique): {}",
+                self.client_id,
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+    }
+}
+
+/// PER_PARTITION records per partition, "p<partition>-<seq>:" and PAD random letters and digits:
+/// lz4 leaves them about as large as they are, so the quota sees every byte.
+fn fill_input(bootstrap: &str, topic: &str) {
+    const ALNUM: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
+    let producer: ThreadedProducer<DefaultProducerContext> = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .set("enable.idempotence", "true")
+        .set("linger.ms", "20")
+        .create()
+        .unwrap();
+    let mut pad = vec![0u8; PAD];
+    for i in 0..PER_PARTITION {
+        for p in 0..PARTITIONS {
+            rand::rng().fill_bytes(&mut pad);
+            let noise: String = pad
+                .iter()
+                .map(|b| ALNUM[usize::from(*b) % ALNUM.len()] as char)
+                .collect();
+            let value = format!("p{p}-{i:06}:{noise}");
+            let mut record = BaseRecord::<(), str>::to(topic)
+                .payload(&value)
+                .partition(p);
+            loop {
+                match producer.send(record) {
+                    Ok(()) => break,
+                    Err((e, back)) => {
+                        assert!(
+                            matches!(
+                                e,
+                                rdkafka::error::KafkaError::MessageProduction(
+                                    rdkafka::types::RDKafkaErrorCode::QueueFull
+                                )
+                            ),
+                            "{e}"
+                        );
+                        record = back;
+                        producer.poll(Duration::from_millis(5));
+                    }
+                }
+            }
+        }
+    }
+    producer.flush(Duration::from_secs(60)).unwrap();
+}
+
+/// The value of one metric series in the Prometheus text, 0 if absent.
+fn metric(text: &str, series: &str) -> f64 {
+    text.lines()
+        .find_map(|l| {
+            l.strip_prefix(series)?
+                .strip_prefix(' ')?
+                .trim()
+                .parse()
+                .ok()
+        })
+        .unwrap_or(0.0)
+}
+
+#[test]
+fn a_sink_throttled_by_a_quota_makes_slow_progress_exactly_once() {
+    let _serial = serial();
+    let b = bootstrap();
+    let input = unique("slow-in");
+    let output = unique("slow-out");
+    create_topic(b, &input, PARTITIONS as u32);
+    create_topic(b, &output, PARTITIONS as u32);
+    fill_input(b, &input);
+    let total = (PER_PARTITION * PARTITIONS as usize) as i64;
+
+    let client_id = unique("slow-sink");
+    let _quota = Quota::set(b, &client_id);
+    let mut spec = BridgeSpec::new(&input, &output);
+    spec.interval = "1s";
+    spec.checkpoint_timeout = "4s";
+    spec.transaction_timeout = "30s";
+    spec.extra = format!("\n[sink.kafka]\n\"client.id\" = \"{client_id}\"\n");
+    let home = BridgeHome::new(spec);
+    let started = Instant::now();
+    let mut bridge = home.start(&[]);
+    bridge.wait_committed(total, Duration::from_secs(75));
+    let took = started.elapsed();
+
+    let metrics = bridge.get("/metrics").expect("metrics answer").1;
+    let completed = metric(
+        &metrics,
+        "eos_bridge_checkpoints_total{result=\"completed\"}",
+    );
+    let aborted = metric(&metrics, "eos_bridge_checkpoints_total{result=\"aborted\"}");
+    let by_interval = metric(
+        &metrics,
+        "eos_bridge_epochs_ended_total{trigger=\"interval\"}",
+    );
+    let by_size = metric(&metrics, "eos_bridge_epochs_ended_total{trigger=\"size\"}");
+    let limit = metric(&metrics, "eos_bridge_in_flight_limit_bytes");
+    let status_limit = bridge.status().expect("status answers")["in_flight_limit_bytes"]
+        .as_u64()
+        .expect("status names the in-flight limit");
+    let status = bridge.stop_gracefully(Duration::from_secs(30));
+    eprintln!(
+        "throttled sink: {total} records of ~{PAD} B bridged in {took:?}; checkpoints completed {completed}, \
+         aborted {aborted}; epochs ended by interval {by_interval}, by size {by_size}; \
+         in-flight limit at the end {limit} B"
+    );
+    assert!(status.success(), "{}", tail(&bridge.log_text(), 20));
+
+    let seen = assert_exactly_once(b, &input, b, &output);
+    assert_eq!(seen as i64, total);
+    // 6 MB through 512 KiB/s with a 4 s timeout cannot fit few checkpoints: the epochs were bounded.
+    assert!(
+        completed >= 4.0,
+        "only {completed} checkpoints completed:\n{}",
+        tail(&bridge.log_text(), 30)
+    );
+    // A cap-sized flush takes 32 s at this rate: the limit must have come down to the sink's pace.
+    assert!(
+        (limit as u64) < DEFAULT_CAP && limit > 0.0,
+        "in-flight limit {limit}"
+    );
+    assert_eq!(status_limit, limit as u64, "status and gauge agree");
+}
