@@ -30,14 +30,17 @@ pub enum RecoveryOutcome {
     RolledBack,
     /// The marker is ahead of sled: its positions are adopted and written back to sled.
     AdoptedFromMarker,
+    /// A new layout: the partitions' positions were taken over from the previous layout's markers.
+    TakenOver,
 }
 
 impl RecoveryOutcome {
-    pub const ALL: [RecoveryOutcome; 4] = [
+    pub const ALL: [RecoveryOutcome; 5] = [
         RecoveryOutcome::Fresh,
         RecoveryOutcome::Committed,
         RecoveryOutcome::RolledBack,
         RecoveryOutcome::AdoptedFromMarker,
+        RecoveryOutcome::TakenOver,
     ];
 
     /// The value of the `outcome` label of the recoveries metric.
@@ -47,6 +50,7 @@ impl RecoveryOutcome {
             RecoveryOutcome::Committed => "committed",
             RecoveryOutcome::RolledBack => "rolled_back",
             RecoveryOutcome::AdoptedFromMarker => "adopted_from_marker",
+            RecoveryOutcome::TakenOver => "taken_over",
         }
     }
 }
@@ -303,6 +307,8 @@ pub enum LayoutPlan {
         fence: Vec<(Layout, u32)>,
         positions: Positions,
         next_id: u64,
+        /// The identity recorded with the newest of the markers the positions come from.
+        identity: Option<Identity>,
     },
 }
 
@@ -410,6 +416,7 @@ pub fn plan_layout(
         }
     }
     let mut positions = Positions::new();
+    let mut identity: Option<((Layout, u64), Option<Identity>)> = None;
     for (t, p) in &mine {
         let newest_holding = found
             .iter()
@@ -418,11 +425,14 @@ pub fn plan_layout(
                 f.marker
                     .positions
                     .get(t, *p)
-                    .map(|o| ((f.layout, f.marker.checkpoint_id), o))
+                    .map(|o| ((f.layout, f.marker.checkpoint_id), o, &f.marker.identity))
             })
-            .max_by_key(|(order, _)| *order);
-        if let Some((_, o)) = newest_holding {
+            .max_by_key(|(order, _, _)| *order);
+        if let Some((order, o, id)) = newest_holding {
             positions.set(t, *p, o);
+            if identity.as_ref().is_none_or(|(best, _)| order > *best) {
+                identity = Some((order, id.clone()));
+            }
         }
     }
     let next_id = found
@@ -436,6 +446,7 @@ pub fn plan_layout(
         fence,
         positions,
         next_id,
+        identity: identity.and_then(|(_, i)| i),
     })
 }
 
@@ -821,6 +832,7 @@ mod tests {
                 fence,
                 positions,
                 next_id,
+                ..
             } = plan_layout("b", i, 2, None, &f, &parts()).unwrap()
             else {
                 panic!("expected a take-over")
@@ -876,6 +888,7 @@ mod tests {
             fence,
             positions,
             next_id,
+            ..
         } = plan_layout("b", 0, 1, None, &f, &parts()).unwrap()
         else {
             panic!("expected a take-over")

@@ -44,6 +44,11 @@ pub struct Status {
     /// Why recovery is waiting, while it waits (e.g. for another producer's transaction on the
     /// marker partition).
     pub recovery_wait: Option<String>,
+    /// The layout this process runs in (exactly-once): its generation and instance count.
+    pub layout_generation: Option<u64>,
+    pub layout_instances: Option<u32>,
+    /// While a new layout takes over: what it waits for (fencing, reading the old markers).
+    pub takeover: Option<String>,
     #[serde(skip)]
     pub last_checkpoint_at: Option<Instant>,
     #[serde(skip)]
@@ -70,6 +75,9 @@ impl Status {
             last_checkpoint_time_ms: None,
             failure: None,
             recovery_wait: None,
+            layout_generation: None,
+            layout_instances: None,
+            takeover: None,
             last_checkpoint_at: None,
             epoch_started_at: None,
             heartbeat: Instant::now(),
