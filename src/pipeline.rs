@@ -453,6 +453,7 @@ impl<'a> Pipeline<'a> {
             ));
             settings.marker_key = layout_marker_key(&cfg.bridge.id, l, cfg.bridge.instance);
             info!(layout = %l, transactional_id = ?settings.transactional_id, "layout chosen");
+            shared.metrics.layout_generation.set(l.generation as i64);
             status::update(&shared.status, |s| {
                 s.layout_generation = Some(l.generation);
                 s.layout_instances = Some(l.instances);
