@@ -690,6 +690,7 @@ impl<'a> Pipeline<'a> {
             .flat_map(|(t, n)| (0..*n).map(move |p| (t.clone(), p)))
             .collect();
         loop {
+            self.refresh_marker_partitions()?;
             let status = &self.shared.status;
             let metrics = &self.shared.metrics;
             let mut waited = Duration::ZERO;
@@ -840,6 +841,16 @@ impl<'a> Pipeline<'a> {
         self.start_from(Some(positions), RecoveryOutcome::TakenOver.as_str())
     }
 
+    /// Learns the marker topic's partition count anew: a layout with more instances grows it
+    /// before it writes its intent there, and a read must cover every partition that exists when it
+    /// begins (the intent argument in docs/design.md, "Rescaling").
+    fn refresh_marker_partitions(&mut self) -> Result<()> {
+        if let Some(n) = self.admin.partitions(&self.cfg.sink.marker_topic)? {
+            self.marker_partitions = self.marker_partitions.max(n);
+        }
+        Ok(())
+    }
+
     /// A fenced process looks for the newer layout that fenced it, to say so.
     fn explain_fencing(&mut self, result: Result<()>) -> Result<()> {
         let Err(BridgeError::Fenced { .. }) = &result else {
@@ -848,13 +859,15 @@ impl<'a> Pipeline<'a> {
         let Some(layout) = self.layout else {
             return result;
         };
-        let found = read_bridge_markers(
-            self.sink.settings(),
-            self.marker_partitions,
-            true,
-            CONNECT_DEADLINE,
-            &mut |_| {},
-        );
+        let found = self.refresh_marker_partitions().and_then(|()| {
+            read_bridge_markers(
+                self.sink.settings(),
+                self.marker_partitions,
+                true,
+                CONNECT_DEADLINE,
+                &mut |_| {},
+            )
+        });
         if let Ok(found) = found {
             let cfg = &self.cfg.bridge;
             if let Err(e) = plan_layout(

@@ -164,7 +164,7 @@ fn one_two_three_one_instances_by_config_change_and_restart_only() {
 }
 
 #[test]
-fn an_old_layout_process_that_starts_after_the_change_stops_and_a_kill_mid_change_is_repaired() {
+fn an_old_layout_process_is_fenced_mid_epoch_and_a_kill_9_during_the_change_is_repaired() {
     let _serial = serial();
     let b = bootstrap();
     let input = unique("rs2-in");
@@ -200,10 +200,7 @@ fn an_old_layout_process_that_starts_after_the_change_stops_and_a_kill_mid_chang
         "{}",
         tail(&old.log_text(), 20)
     );
-    // A process with the old config on the old volume is refused: it would be a layout of its
-    // own, a generation above, fencing the current one. It starts as a new layout of 1, which
-    // is what a config change back to 1 is; so start slot 0 in layout 2 instead, as the rolling
-    // update would.
+    // The rolling update reaches slot 0 last: it restarts with the new count and joins layout 2.
     fleet.running[0] = None;
     fleet.start(0, 2);
     fleet.wait_layout(1, 2, Instant::now());
