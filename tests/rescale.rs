@@ -216,3 +216,62 @@ fn an_old_layout_process_is_fenced_mid_epoch_and_a_kill_9_during_the_change_is_r
     fleet.stop(1);
     assert_eq!(assert_exactly_once(b, &input, b, &output) as i64, total);
 }
+
+#[test]
+fn layouts_two_and_three_side_by_side_then_the_old_one_killed() {
+    let _serial = serial();
+    let b = bootstrap();
+    let input = unique("rs3-in");
+    let output = unique("rs3-out");
+    create_topic(b, &input, 6);
+    assert!(verifiable_produce(b, &input, 600, -1, Some(1))
+        .status
+        .success());
+    let spec = BridgeSpec::new(&input, &output);
+    let mut old = Fleet::new(spec.clone());
+    old.start(0, 1);
+    old.wait_layout(0, 1, Instant::now());
+    let mut producer = background_producer(b, &input, 2000, 150, 2);
+    change(&mut old, 1, 2, 1);
+
+    // Layout 3 on volumes of its own (another node pool, say) while layout 2 still runs.
+    let began = Instant::now();
+    let mut new = Fleet::new(spec);
+    for i in 0..3 {
+        new.start(i, 3);
+    }
+    let took = new.wait_layout(2, 3, began);
+    // The old layout had seconds side by side with the new one; whatever of it still runs is
+    // killed -9 now, with whatever transaction it has open.
+    let mut fenced_exits = 0;
+    for b in old.running.iter_mut().flatten() {
+        if let Ok(Some(status)) = b.child.try_wait() {
+            assert!(!status.success());
+            assert!(
+                b.log_text().contains("newer layout"),
+                "{}",
+                tail(&b.log_text(), 20)
+            );
+            fenced_exits += 1;
+        } else {
+            b.kill9();
+        }
+    }
+    old.running.clear();
+
+    assert!(producer.wait().unwrap().success());
+    let total = end_offsets_total(b, &input);
+    assert!(
+        wait_until(Duration::from_secs(60), || new.committed_total() == total),
+        "committed {} of {total}",
+        new.committed_total()
+    );
+    for i in 0..3 {
+        new.stop(i);
+    }
+    assert_eq!(assert_exactly_once(b, &input, b, &output) as i64, total);
+    eprintln!(
+        "layouts 2 and 3 side by side: {total} records exactly once, layout 3 committed after \
+         {took:?}, {fenced_exits} of 2 old instances had stopped by themselves"
+    );
+}
