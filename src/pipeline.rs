@@ -593,6 +593,9 @@ impl<'a> Pipeline<'a> {
         if self.exactly_once() {
             match self.settle_layout()? {
                 LayoutPlan::Resume { own, .. } => marker = own,
+                // No lower layout to take over from: a late instance of the first layout, which
+                // starts like the others did, from source.start.
+                LayoutPlan::TakeOver { fence, .. } if fence.is_empty() => {}
                 LayoutPlan::TakeOver {
                     positions,
                     next_id,

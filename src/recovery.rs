@@ -952,6 +952,24 @@ mod tests {
     }
 
     #[test]
+    fn layout_a_late_instance_of_the_first_layout_has_no_one_to_take_over_from() {
+        // The caller starts it from source.start, as its neighbours did.
+        let f = [found(lay(0, 2), 0, 7, 100)];
+        let plan = plan_layout("b", 1, 2, None, &f, &parts()).unwrap();
+        let LayoutPlan::TakeOver {
+            layout,
+            fence,
+            positions,
+            ..
+        } = plan
+        else {
+            panic!("expected a take-over")
+        };
+        assert_eq!(layout, lay(0, 2));
+        assert!(fence.is_empty() && positions.is_empty());
+    }
+
+    #[test]
     fn layout_crash_after_the_intent_takes_over_again() {
         let f = [found(lay(0, 1), 0, 7, 100), found(lay(1, 2), 0, 0, 0)];
         let plan = plan_layout("b", 0, 2, None, &f, &parts()).unwrap();
