@@ -744,6 +744,7 @@ impl<'a> Pipeline<'a> {
                     s.takeover = Some(format!("committing the intent marker of {layout}"))
                 });
                 self.commit_intent(layout)?;
+                failpoint::hit("after-intent");
                 self.intent_committed = true;
                 continue;
             }
@@ -761,6 +762,7 @@ impl<'a> Pipeline<'a> {
                     s.takeover = Some(format!("fencing {id} of an older layout"))
                 });
                 fence(self.sink.settings(), &id, CONNECT_DEADLINE)?;
+                failpoint::hit("after-fence");
                 self.fenced.insert(id);
             }
         }
@@ -833,6 +835,7 @@ impl<'a> Pipeline<'a> {
             savepoint: None,
             identity,
         })?;
+        failpoint::hit("after-takeover");
         info!(
             layout = %layout,
             checkpoint = next_id,

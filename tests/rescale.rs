@@ -275,3 +275,58 @@ fn layouts_two_and_three_side_by_side_then_the_old_one_killed() {
          {took:?}, {fenced_exits} of 2 old instances had stopped by themselves"
     );
 }
+
+#[test]
+fn a_kill_9_at_every_step_of_a_take_over_is_repaired() {
+    let _serial = serial();
+    let b = bootstrap();
+    let input = unique("rs4-in");
+    let output = unique("rs4-out");
+    create_topic(b, &input, 6);
+    assert!(verifiable_produce(b, &input, 600, -1, Some(1))
+        .status
+        .success());
+    let mut fleet = Fleet::new(BridgeSpec::new(&input, &output));
+    fleet.start(0, 1);
+    fleet.wait_layout(0, 1, Instant::now());
+    let mut producer = background_producer(b, &input, 2000, 150, 2);
+    change(&mut fleet, 1, 2, 1);
+
+    // 2 -> 3: the new instance 2 dies (SIGKILL) at each step of its take-over in turn, while
+    // instances 0 and 1 have already moved to layout 3; each restart repairs the last one.
+    for i in 0..2 {
+        let br = fleet.running[i].as_mut().unwrap();
+        br.sigterm();
+        let _ = br.wait_exit(Duration::from_secs(30));
+        fleet.start(i as u32, 3);
+    }
+    for step in ["after-intent", "after-fence", "after-takeover"] {
+        while fleet.homes.len() < 3 {
+            fleet.homes.push(BridgeHome::new(fleet.spec.clone()));
+            fleet.running.push(None);
+        }
+        let home = &mut fleet.homes[2];
+        home.spec.instance = 2;
+        home.spec.instances = 3;
+        let mut dying = home.start(&[("EOS_BRIDGE_FAILPOINT", step)]);
+        let status = dying
+            .wait_exit(Duration::from_secs(60))
+            .unwrap_or_else(|| panic!("failpoint {step} not reached:\n{}", dying.log_text()));
+        assert!(!status.success(), "killed at {step}");
+    }
+    fleet.start(2, 3);
+    let took = fleet.wait_layout(2, 3, Instant::now());
+
+    assert!(producer.wait().unwrap().success());
+    let total = end_offsets_total(b, &input);
+    assert!(
+        wait_until(Duration::from_secs(60), || fleet.committed_total() == total),
+        "committed {} of {total}",
+        fleet.committed_total()
+    );
+    for i in 0..3 {
+        fleet.stop(i);
+    }
+    assert_eq!(assert_exactly_once(b, &input, b, &output) as i64, total);
+    eprintln!("kill -9 at each take-over step: {total} records exactly once, final start {took:?}");
+}
