@@ -952,9 +952,19 @@ pub fn read_bridge_markers(
             marker_partition: partition,
             ..s.clone()
         };
-        let (low, high) = consumer
-            .fetch_watermarks(&ps.marker_topic, partition, timeout)
-            .map_err(|e| BridgeError::kafka("fetch marker watermarks", e))?;
+        // A partition the bridge has just created or added can be unknown to the broker we ask
+        // for a moment: wait for it rather than stop.
+        let known_by = Instant::now() + timeout;
+        let (low, high) = loop {
+            match consumer.fetch_watermarks(&ps.marker_topic, partition, timeout) {
+                Ok(w) => break w,
+                Err(e) if Instant::now() < known_by => {
+                    warn!(topic = %ps.marker_topic, partition, error = %e, "marker partition not known yet; retrying");
+                    std::thread::sleep(Duration::from_millis(200));
+                }
+                Err(e) => return Err(BridgeError::kafka("fetch marker watermarks", e)),
+            }
+        };
         let lso = if committed {
             wait_for_stable_marker_partition(
                 &ps,
