@@ -213,11 +213,18 @@ impl Admin {
                 Ok(want)
             }
             Some(n) if n < want => {
-                self.add_partitions(topic, want).await.map_err(|e| {
-                    BridgeError::Setup(format!(
+                if let Err(e) = self.add_partitions(topic, want).await {
+                    // Instances of a new layout start together and race to grow the topic: one
+                    // of them finding it grown already is fine.
+                    if let Ok(Some(now)) = self.partitions(topic) {
+                        if now >= want {
+                            return Ok(now);
+                        }
+                    }
+                    return Err(BridgeError::Setup(format!(
                         "marker topic '{topic}' has {n} partitions but {want} instances need one each: {e}"
-                    ))
-                })?;
+                    )));
+                }
                 Ok(want)
             }
             Some(n) => Ok(n),

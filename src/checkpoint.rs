@@ -423,6 +423,15 @@ impl CheckpointStore {
         }
     }
 
+    /// Drops a checkpoint whatever its state: only for the checkpoints of a layout this instance
+    /// has taken over from, whose committed positions live on in that layout's commit markers.
+    pub fn forget(&self, id: u64) -> Result<(), StoreError> {
+        let mut files = self.lock();
+        let mut batch = sled::Batch::default();
+        batch.remove(checkpoint_key(id).as_bytes());
+        self.apply_durably(&mut files, batch)
+    }
+
     /// Drops an entry that `load` reported as corrupt. Refuses a key holding a usable checkpoint,
     /// so that this escape hatch cannot remove committed state by mistake.
     pub fn remove_key(&self, key: &str) -> Result<(), StoreError> {

@@ -13,7 +13,7 @@ use thiserror::Error;
 use crate::checkpoint::StoreError;
 use crate::config::ConfigErrors;
 use crate::identity::IdentityError;
-use crate::recovery::RecoveryError;
+use crate::recovery::{LayoutError, RecoveryError};
 
 /// What the pipeline does about an error.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -62,6 +62,9 @@ pub enum BridgeError {
 
     #[error(transparent)]
     Recovery(#[from] RecoveryError),
+
+    #[error(transparent)]
+    LayoutSuperseded(#[from] LayoutError),
 
     #[error(transparent)]
     PoisonRecord(Box<BadRecordStop>),
@@ -213,6 +216,7 @@ impl BridgeError {
             | BridgeError::Config(_)
             | BridgeError::Store(_)
             | BridgeError::Recovery(_)
+            | BridgeError::LayoutSuperseded(_)
             | BridgeError::PoisonRecord(_)
             | BridgeError::OffsetOutOfRange { .. }
             | BridgeError::MarkerTopicShared { .. }
@@ -270,6 +274,7 @@ impl BridgeError {
             BridgeError::Unauthorized { .. } => "unauthorized",
             BridgeError::Store(_) => "state_store",
             BridgeError::Recovery(_) => "recovery",
+            BridgeError::LayoutSuperseded(_) => "layout_superseded",
             BridgeError::PoisonRecord(_) => "poison_record",
             BridgeError::OffsetOutOfRange { .. } => "offset_out_of_range",
             BridgeError::IdentityChanged(_) | BridgeError::IdentityRestart { .. } => {

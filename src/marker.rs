@@ -58,6 +58,86 @@ pub fn marker_key(bridge_id: &str, instance: u32) -> String {
     format!("{bridge_id}/{instance}")
 }
 
+/// A layout of a bridge: how many instances share its partitions, and its generation, which grows
+/// with every change of `instances`. Ordered by generation, then instances (docs/design.md,
+/// "Rescaling"): a higher layout fences the lower ones.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Layout {
+    pub generation: u64,
+    pub instances: u32,
+}
+
+impl std::fmt::Display for Layout {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "generation {} ({} instances)",
+            self.generation, self.instances
+        )
+    }
+}
+
+/// The marker key of an instance in a layout. Generation 0 keeps the key of builds that predate
+/// layouts, so that their markers are read as generation 0 and an upgrade changes nothing; later
+/// generations name the layout, so that markers of two layouts never share a key.
+pub fn layout_marker_key(bridge_id: &str, layout: Layout, instance: u32) -> String {
+    if layout.generation == 0 {
+        marker_key(bridge_id, instance)
+    } else {
+        format!(
+            "{bridge_id}/g{}n{}/{instance}",
+            layout.generation, layout.instances
+        )
+    }
+}
+
+/// The transactional id of an instance in a layout; generation 0 keeps the id of older builds
+/// (`Config::transactional_id`), so that an upgraded process fences the one it replaces. Ids of
+/// different layouts differ, so a new layout's instance never fences its own layout's neighbour
+/// while it fences the previous layout.
+pub fn layout_transactional_id(bridge_id: &str, layout: Layout, instance: u32) -> String {
+    if layout.generation == 0 {
+        format!("eos-bridge-{bridge_id}-{instance}")
+    } else {
+        format!(
+            "eos-bridge-{bridge_id}-g{}n{}-{instance}",
+            layout.generation, layout.instances
+        )
+    }
+}
+
+/// The layout and instance a marker key of `bridge_id` names (None: the key is another bridge's).
+/// A generation-0 key does not name the instance count: the marker's body does.
+pub fn parse_marker_key(bridge_id: &str, key: &str) -> Option<(Option<Layout>, u32)> {
+    let rest = key.strip_prefix(bridge_id)?.strip_prefix('/')?;
+    match rest.split_once('/') {
+        None => Some((None, rest.parse().ok()?)),
+        Some((layout, instance)) => {
+            let (g, n) = layout.strip_prefix('g')?.split_once('n')?;
+            let layout = Layout {
+                generation: g.parse().ok()?,
+                instances: n.parse().ok()?,
+            };
+            Some((Some(layout), instance.parse().ok()?))
+        }
+    }
+}
+
+/// A newest committed marker found on the marker topic, with the layout its key names.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FoundMarker {
+    pub layout: Layout,
+    pub marker: Marker,
+}
+
+impl FoundMarker {
+    /// An intent marker claims a layout before any of its output: it carries checkpoint id 0 (real
+    /// checkpoints start at 1) and no positions.
+    pub fn is_intent(&self) -> bool {
+        self.marker.checkpoint_id == 0
+    }
+}
+
 /// The marker-topic partition of an instance. Each instance of a bridge writes to a partition of
 /// its own, so one instance's open transaction never holds back the last stable offset that
 /// another instance's recovery reads up to.
@@ -122,5 +202,36 @@ mod tests {
         assert_eq!(marker_partition(3, 4), 3);
         assert_eq!(marker_partition(5, 4), 1);
         assert_eq!(marker_key("bridge", 3), "bridge/3");
+    }
+
+    #[test]
+    fn layout_keys_and_ids_round_trip_and_keep_generation_zero() {
+        let g0 = Layout {
+            generation: 0,
+            instances: 2,
+        };
+        let g3 = Layout {
+            generation: 3,
+            instances: 5,
+        };
+        assert_eq!(layout_marker_key("b.x", g0, 1), "b.x/1");
+        assert_eq!(layout_marker_key("b.x", g3, 4), "b.x/g3n5/4");
+        assert_eq!(layout_transactional_id("b", g0, 1), "eos-bridge-b-1");
+        assert_eq!(layout_transactional_id("b", g3, 4), "eos-bridge-b-g3n5-4");
+        assert_eq!(parse_marker_key("b.x", "b.x/1"), Some((None, 1)));
+        assert_eq!(parse_marker_key("b.x", "b.x/g3n5/4"), Some((Some(g3), 4)));
+        assert_eq!(parse_marker_key("b", "bb/1"), None);
+        assert_eq!(parse_marker_key("b", "b/x"), None);
+        assert_eq!(parse_marker_key("b", "b/g1/0"), None);
+        assert!(g3 > g0);
+        assert!(
+            Layout {
+                generation: 1,
+                instances: 3
+            } > Layout {
+                generation: 1,
+                instances: 2
+            }
+        );
     }
 }

@@ -26,6 +26,7 @@ pub struct Metrics {
     pub records_lost: IntCounterVec,
     pub corrupt_checkpoints: IntCounter,
     pub marker_wait_seconds: Counter,
+    pub layout_generation: IntGauge,
     pub in_flight_limit_bytes: IntGauge,
     pub epochs_ended: IntCounterVec,
     pub identity_changes: IntCounterVec,
@@ -164,6 +165,11 @@ impl Metrics {
                 "Time recovery waited for other producers' transactions on the marker partition.",
             ))
             .unwrap(),
+            layout_generation: IntGauge::with_opts(opts(
+                "layout_generation",
+                "Generation of the layout (each change of bridge.instances is one) this process runs in.",
+            ))
+            .unwrap(),
             in_flight_limit_bytes: IntGauge::with_opts(opts(
                 "in_flight_limit_bytes",
                 "Current bound on output bytes handed to the sink producer and not yet acknowledged.",
@@ -240,6 +246,7 @@ impl Metrics {
             Box::new(self.records_lost.clone()),
             Box::new(self.corrupt_checkpoints.clone()),
             Box::new(self.marker_wait_seconds.clone()),
+            Box::new(self.layout_generation.clone()),
             Box::new(self.in_flight_limit_bytes.clone()),
             Box::new(self.epochs_ended.clone()),
             Box::new(self.identity_changes.clone()),

@@ -28,12 +28,17 @@ use crate::config::{Config, Delivery, OnBadRecord, OutOfRange, Partitioning, Sta
 use crate::error::{Action, BadRecordStop, BridgeError, Result};
 use crate::failpoint;
 use crate::identity::{self, Identity};
-use crate::marker::{marker_partition, Marker, MARKER_VERSION};
+use crate::marker::{
+    layout_marker_key, layout_transactional_id, marker_partition, Layout, Marker, MARKER_VERSION,
+};
 use crate::metrics::Metrics;
 use crate::positions::Positions;
-use crate::recovery::decide;
+use crate::recovery::{decide, plan_layout, Decision, LayoutPlan, RecoveryOutcome};
 use crate::savepoint::{Restore, Savepoint, RESTORED_PREFIX};
-use crate::sink::{is_permanent_record_error, InFlightLimit, Sink, SinkSettings, SourceRef};
+use crate::sink::{
+    fence, is_permanent_record_error, read_bridge_markers, InFlightLimit, Sink, SinkSettings,
+    SourceRef,
+};
 use crate::source::Source;
 use crate::status::{self, PartitionStatus, RunState, SharedStatus};
 use crate::transform::Router;
@@ -279,7 +284,10 @@ pub fn run(
     restore: Option<Restore>,
 ) -> Result<()> {
     let result = match Pipeline::start(cfg, &shared, commands, restore) {
-        Ok(Some(mut p)) => p.run_loop(),
+        Ok(Some(mut p)) => {
+            let result = p.run_loop();
+            p.explain_fencing(result)
+        }
         Ok(None) => {
             info!(
                 "shutdown requested during start-up; no transaction was begun, nothing to finish"
@@ -334,6 +342,14 @@ struct Pipeline<'a> {
     reported: BTreeSet<identity::Change>,
     /// Bound on output bytes in flight, fitted to the sink's measured delivery rate.
     in_flight: InFlightLimit,
+    /// The layout this process runs in (exactly-once only), chosen at start-up.
+    layout: Option<Layout>,
+    /// Partitions of the marker topic: one per instance slot of any layout used so far.
+    marker_partitions: i32,
+    /// Whether this process committed the intent marker of its layout.
+    intent_committed: bool,
+    /// Transactional ids of lower layouts this process has fenced.
+    fenced: BTreeSet<String>,
 }
 
 impl<'a> Pipeline<'a> {
@@ -381,7 +397,7 @@ impl<'a> Pipeline<'a> {
         let source = Source::new(&cfg)?;
         let router = Router::new(&cfg.sink.topic, cfg.sink.partitioning);
 
-        let marker_partition = if exactly_once {
+        let marker_partitions = if exactly_once {
             let Some(n) = wait_out(shared, "ensure the marker topic", transient, || {
                 shared.runtime.block_on(
                     admin.ensure_marker_topic(&cfg.sink.marker_topic, cfg.bridge.instances),
@@ -390,21 +406,63 @@ impl<'a> Pipeline<'a> {
             else {
                 return Ok(None);
             };
-            marker_partition(cfg.bridge.instance, n)
+            n
         } else {
-            0
+            1
         };
-        let settings = SinkSettings {
+        let mut settings = SinkSettings {
             bootstrap_servers: cfg.sink.bootstrap_servers.clone(),
             kafka: sink_kafka,
             transactional_id: exactly_once.then(|| cfg.transactional_id()),
             transaction_timeout: cfg.transaction.timeout,
             marker_topic: cfg.sink.marker_topic.clone(),
-            marker_partition,
+            marker_partition: marker_partition(cfg.bridge.instance, marker_partitions),
             foreign_transaction_wait,
             bridge_id: cfg.bridge.id.clone(),
             instance: cfg.bridge.instance,
+            marker_key: crate::marker::marker_key(&cfg.bridge.id, cfg.bridge.instance),
         };
+        // The layout decides the transactional id, which init_transactions needs before any
+        // committed read can be complete: guess it from everything written (recover() checks it
+        // against the committed markers once our own earlier transactions are finished).
+        let mut layout = None;
+        if exactly_once {
+            let Some(found) =
+                wait_out(shared, "read the layouts of the bridge", transient, || {
+                    read_bridge_markers(
+                        &settings,
+                        marker_partitions,
+                        false,
+                        CONNECT_DEADLINE,
+                        &mut |_| {},
+                    )
+                })?
+            else {
+                return Ok(None);
+            };
+            let l = plan_layout(
+                &cfg.bridge.id,
+                cfg.bridge.instance,
+                cfg.bridge.instances,
+                None,
+                &found,
+                &[],
+            )?
+            .layout();
+            settings.transactional_id = Some(layout_transactional_id(
+                &cfg.bridge.id,
+                l,
+                cfg.bridge.instance,
+            ));
+            settings.marker_key = layout_marker_key(&cfg.bridge.id, l, cfg.bridge.instance);
+            info!(layout = %l, transactional_id = ?settings.transactional_id, "layout chosen");
+            shared.metrics.layout_generation.set(l.generation as i64);
+            status::update(&shared.status, |s| {
+                s.layout_generation = Some(l.generation);
+                s.layout_instances = Some(l.instances);
+            });
+            layout = Some(l);
+        }
         let Some(sink) = wait_out(shared, "initialise the sink producer", transient, || {
             Sink::connect(settings.clone(), CONNECT_DEADLINE)
         })?
@@ -440,6 +498,10 @@ impl<'a> Pipeline<'a> {
             identity: Identity::default(),
             reported: BTreeSet::new(),
             in_flight: InFlightLimit::new(cfg_in_flight_cap, cfg_checkpoint_timeout),
+            layout,
+            marker_partitions,
+            intent_committed: false,
+            fenced: BTreeSet::new(),
         };
         p.publish_in_flight_limit();
         // A listed topic that is missing may be one a restarting broker does not know yet: wait a
@@ -534,31 +596,42 @@ impl<'a> Pipeline<'a> {
             self.shared.metrics.corrupt_checkpoints.inc();
             self.store.remove_key(&c.key)?;
         }
-        let mut marker = if self.exactly_once() {
-            let status = &self.shared.status;
-            let metrics = &self.shared.metrics;
-            let mut waited = Duration::ZERO;
-            let read = self.sink.read_newest_marker(CONNECT_DEADLINE, &mut |wait| {
-                if let Some(w) = wait {
-                    metrics
-                        .marker_wait_seconds
-                        .inc_by(w.waited.saturating_sub(waited).as_secs_f64());
-                    waited = w.waited;
+        let mut marker = None;
+        if self.exactly_once() {
+            match self.settle_layout()? {
+                LayoutPlan::Resume { own, .. } => marker = own,
+                // No lower layout to take over from: a late instance of the first layout, which
+                // starts like the others did, from source.start.
+                LayoutPlan::TakeOver { fence, .. } if fence.is_empty() => {}
+                LayoutPlan::TakeOver {
+                    positions,
+                    next_id,
+                    identity,
+                    layout,
+                    ..
+                } => {
+                    // A restore into this layout before its first commit: the restored checkpoint
+                    // is newer than every marker and decides.
+                    let restored_here = loaded.checkpoints.iter().any(|c| {
+                        c.savepoint
+                            .as_deref()
+                            .is_some_and(|n| n.starts_with(RESTORED_PREFIX))
+                            && c.instance == self.cfg.bridge.instance
+                            && c.instances == self.cfg.bridge.instances
+                            && c.id >= next_id
+                    });
+                    if self.restore.is_none() && !restored_here {
+                        return self.take_over(
+                            layout,
+                            &loaded.checkpoints,
+                            positions,
+                            next_id,
+                            identity,
+                        );
+                    }
                 }
-                let why = wait.map(|w| {
-                    format!(
-                        "waiting for another producer's transaction on marker partition {}/{} \
-                         (last stable offset {} < high watermark {}) for {:?}",
-                        w.topic, w.partition, w.last_stable_offset, w.high_watermark, w.waited
-                    )
-                });
-                status::update(status, |s| s.recovery_wait = why);
-            });
-            status::update(status, |s| s.recovery_wait = None);
-            read?
-        } else {
-            None
-        };
+            }
+        }
         let cfg = self.cfg.clone();
         self.pending = None;
 
@@ -613,6 +686,216 @@ impl<'a> Pipeline<'a> {
         }
         self.last_id = decision.last_committed_id;
         self.start_from(positions, decision.outcome.as_str())
+    }
+
+    /// Reads the committed markers of the bridge and settles this process's layout: when the
+    /// instance has not committed in its layout yet, it commits the layout's intent marker, fences
+    /// the lower layouts' owners of its partitions and reads again, until a read asks to fence no
+    /// one new (docs/design.md, "Rescaling"). A newer layout found stops the process.
+    fn settle_layout(&mut self) -> Result<LayoutPlan> {
+        let cfg = self.cfg.clone();
+        let partitions: Vec<(String, i32)> = self
+            .topics
+            .iter()
+            .flat_map(|(t, n)| (0..*n).map(move |p| (t.clone(), p)))
+            .collect();
+        loop {
+            self.refresh_marker_partitions()?;
+            let status = &self.shared.status;
+            let metrics = &self.shared.metrics;
+            let mut waited = Duration::ZERO;
+            let found = read_bridge_markers(
+                self.sink.settings(),
+                self.marker_partitions,
+                true,
+                CONNECT_DEADLINE,
+                &mut |wait| {
+                    if let Some(w) = wait {
+                        metrics
+                            .marker_wait_seconds
+                            .inc_by(w.waited.saturating_sub(waited).as_secs_f64());
+                        waited = w.waited;
+                    }
+                    let why = wait.map(|w| {
+                        format!(
+                            "waiting for another producer's transaction on marker partition {}/{} \
+                             (last stable offset {} < high watermark {}) for {:?}",
+                            w.topic, w.partition, w.last_stable_offset, w.high_watermark, w.waited
+                        )
+                    });
+                    status::update(status, |s| s.recovery_wait = why);
+                },
+            );
+            status::update(status, |s| s.recovery_wait = None);
+            let found = found?;
+            let plan = plan_layout(
+                &cfg.bridge.id,
+                cfg.bridge.instance,
+                cfg.bridge.instances,
+                self.layout,
+                &found,
+                &partitions,
+            )?;
+            let LayoutPlan::TakeOver {
+                layout,
+                fence: owners,
+                ..
+            } = &plan
+            else {
+                status::update(status, |s| s.takeover = None);
+                return Ok(plan);
+            };
+            let layout = *layout;
+            if !self.intent_committed {
+                status::update(status, |s| {
+                    s.takeover = Some(format!("committing the intent marker of {layout}"))
+                });
+                self.commit_intent(layout)?;
+                failpoint::hit("after-intent");
+                self.intent_committed = true;
+                continue;
+            }
+            let ids: Vec<String> = owners
+                .iter()
+                .map(|(l, i)| layout_transactional_id(&cfg.bridge.id, *l, *i))
+                .filter(|id| !self.fenced.contains(id))
+                .collect();
+            if ids.is_empty() {
+                status::update(status, |s| s.takeover = None);
+                return Ok(plan);
+            }
+            for id in ids {
+                status::update(status, |s| {
+                    s.takeover = Some(format!("fencing {id} of an older layout"))
+                });
+                fence(self.sink.settings(), &id, CONNECT_DEADLINE)?;
+                failpoint::hit("after-fence");
+                self.fenced.insert(id);
+            }
+        }
+    }
+
+    /// Commits a transaction holding only this instance's intent marker: from its commit on, a
+    /// process of a lower layout that starts finds the layout and stops.
+    fn commit_intent(&mut self, layout: Layout) -> Result<()> {
+        let cfg = &self.cfg.bridge;
+        let intent = Marker {
+            version: MARKER_VERSION,
+            bridge_id: cfg.id.clone(),
+            instance: cfg.instance,
+            instances: layout.instances,
+            checkpoint_id: 0,
+            positions: Positions::new(),
+            time_ms: now_ms(),
+            identity: None,
+        };
+        self.sink.begin()?;
+        let sent = self
+            .sink
+            .send_marker(&intent)
+            .and_then(|()| self.sink.commit(Instant::now() + CONNECT_DEADLINE));
+        if let Err(e) = sent {
+            let _ = self.sink.abort(CONNECT_DEADLINE);
+            return Err(e);
+        }
+        info!(layout = %layout, "committed the intent marker of a new layout");
+        Ok(())
+    }
+
+    /// Starts a layout's instance that has not committed in it yet from the positions its
+    /// partitions were last committed at in lower layouts. The state directory's checkpoints
+    /// belong to a lower layout (or to an earlier attempt of this take-over) and go.
+    fn take_over(
+        &mut self,
+        layout: Layout,
+        checkpoints: &[Checkpoint],
+        positions: Positions,
+        next_id: u64,
+        identity: Option<Identity>,
+    ) -> Result<()> {
+        let cfg = self.cfg.clone();
+        let decision = Decision {
+            outcome: RecoveryOutcome::TakenOver,
+            positions: Some(positions),
+            last_committed_id: next_id,
+            discard: Vec::new(),
+            confirm: None,
+            adopt: None,
+            warnings: Vec::new(),
+            identity: identity.clone(),
+            identity_origin: "the commit markers of the previous layout".to_string(),
+        };
+        let positions = self
+            .judge_recovered_identity(&decision)?
+            .unwrap_or_default();
+        for c in checkpoints {
+            self.store.forget(c.id)?;
+        }
+        self.store.put_committed(&Checkpoint {
+            id: next_id,
+            bridge_id: cfg.bridge.id.clone(),
+            instance: cfg.bridge.instance,
+            instances: cfg.bridge.instances,
+            state: CheckpointState::Committed,
+            positions: positions.clone(),
+            created_ms: now_ms(),
+            savepoint: None,
+            identity,
+        })?;
+        failpoint::hit("after-takeover");
+        info!(
+            layout = %layout,
+            checkpoint = next_id,
+            partitions = positions.len(),
+            fenced = ?self.fenced,
+            "taking over the partitions of the previous layout"
+        );
+        self.last_id = next_id;
+        self.start_from(Some(positions), RecoveryOutcome::TakenOver.as_str())
+    }
+
+    /// Learns the marker topic's partition count anew: a layout with more instances grows it
+    /// before it writes its intent there, and a read must cover every partition that exists when it
+    /// begins (the intent argument in docs/design.md, "Rescaling").
+    fn refresh_marker_partitions(&mut self) -> Result<()> {
+        if let Some(n) = self.admin.partitions(&self.cfg.sink.marker_topic)? {
+            self.marker_partitions = self.marker_partitions.max(n);
+        }
+        Ok(())
+    }
+
+    /// A fenced process looks for the newer layout that fenced it, to say so.
+    fn explain_fencing(&mut self, result: Result<()>) -> Result<()> {
+        let Err(BridgeError::Fenced { .. }) = &result else {
+            return result;
+        };
+        let Some(layout) = self.layout else {
+            return result;
+        };
+        let found = self.refresh_marker_partitions().and_then(|()| {
+            read_bridge_markers(
+                self.sink.settings(),
+                self.marker_partitions,
+                true,
+                CONNECT_DEADLINE,
+                &mut |_| {},
+            )
+        });
+        if let Ok(found) = found {
+            let cfg = &self.cfg.bridge;
+            if let Err(e) = plan_layout(
+                &cfg.id,
+                cfg.instance,
+                cfg.instances,
+                Some(layout),
+                &found,
+                &[],
+            ) {
+                error!(error = %e, "fenced by a newer layout");
+                return Err(e.into());
+            }
+        }
+        result
     }
 
     /// `run --from-savepoint`: the savepoints' positions (of the partitions this instance owns)

@@ -16,8 +16,9 @@ use thiserror::Error;
 
 use crate::checkpoint::{Checkpoint, CheckpointState};
 use crate::identity::Identity;
-use crate::marker::{marker_key, Marker};
+use crate::marker::{marker_key, FoundMarker, Layout, Marker};
 use crate::positions::Positions;
+use crate::source::owns;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RecoveryOutcome {
@@ -29,14 +30,17 @@ pub enum RecoveryOutcome {
     RolledBack,
     /// The marker is ahead of sled: its positions are adopted and written back to sled.
     AdoptedFromMarker,
+    /// A new layout: the partitions' positions were taken over from the previous layout's markers.
+    TakenOver,
 }
 
 impl RecoveryOutcome {
-    pub const ALL: [RecoveryOutcome; 4] = [
+    pub const ALL: [RecoveryOutcome; 5] = [
         RecoveryOutcome::Fresh,
         RecoveryOutcome::Committed,
         RecoveryOutcome::RolledBack,
         RecoveryOutcome::AdoptedFromMarker,
+        RecoveryOutcome::TakenOver,
     ];
 
     /// The value of the `outcome` label of the recoveries metric.
@@ -46,6 +50,7 @@ impl RecoveryOutcome {
             RecoveryOutcome::Committed => "committed",
             RecoveryOutcome::RolledBack => "rolled_back",
             RecoveryOutcome::AdoptedFromMarker => "adopted_from_marker",
+            RecoveryOutcome::TakenOver => "taken_over",
         }
     }
 }
@@ -286,6 +291,165 @@ pub fn decide(
     })
 }
 
+/// What an instance does about layouts at start-up (docs/design.md, "Rescaling").
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LayoutPlan {
+    /// The instance has committed in its layout before: recover from its own newest marker
+    /// (`decide`); None only for a bridge with no marker at all.
+    Resume { layout: Layout, own: Option<Marker> },
+    /// The instance has not committed in its layout yet. Before reading a record it commits an
+    /// intent marker of `layout`, fences every transactional id in `fence`, reads the markers
+    /// again and plans again with `running = Some(layout)`; once a plan asks to fence nothing new,
+    /// it starts from `positions` (partitions they lack from their earliest offset) as checkpoint
+    /// `next_id`.
+    TakeOver {
+        layout: Layout,
+        fence: Vec<(Layout, u32)>,
+        positions: Positions,
+        next_id: u64,
+        /// The identity recorded with the newest of the markers the positions come from.
+        identity: Option<Identity>,
+    },
+}
+
+impl LayoutPlan {
+    pub fn layout(&self) -> Layout {
+        match self {
+            LayoutPlan::Resume { layout, .. } | LayoutPlan::TakeOver { layout, .. } => *layout,
+        }
+    }
+}
+
+#[derive(Debug, Error, PartialEq, Eq)]
+pub enum LayoutError {
+    #[error(
+        "bridge {bridge_id:?} runs in a newer layout, {newer} (commit marker key {origin}), than \
+         this process, {mine}: stopping without committing anything more. If {mine} is what you \
+         want, set bridge.instances to {mine_instances} on every instance and restart them; \
+         otherwise this instance is not part of the bridge any more, or waits for its new \
+         configuration"
+    )]
+    Superseded {
+        bridge_id: String,
+        mine: Layout,
+        mine_instances: u32,
+        newer: Layout,
+        origin: String,
+    },
+}
+
+/// Decides this instance's layout and, when it has not committed in it yet, whom to fence and
+/// where each partition it owns was last committed. Pure: `found` are the newest committed markers
+/// of every key of the bridge on every marker partition (read after init_transactions of our own
+/// id, each partition read once its last stable offset reached its high watermark); `partitions`
+/// are the source partitions; `running` is the layout this process already chose, if it did.
+///
+/// Rules: (1) a layout is newer when its (generation, instances) is greater; (2) an instance
+/// whose chosen layout is below the newest found stops; (3) without a chosen layout, the newest
+/// layout is joined when it has the configured instance count, otherwise the new layout is one
+/// generation above the newest; (4) no marker at all: generation 0, nothing to take over;
+/// (5) the position of a partition is the one in the newest (layout, checkpoint id) real marker
+/// of a lower layout that holds it, and the owners of our partitions in every lower layout found
+/// are fenced.
+pub fn plan_layout(
+    bridge_id: &str,
+    instance: u32,
+    instances: u32,
+    running: Option<Layout>,
+    found: &[FoundMarker],
+    partitions: &[(String, i32)],
+) -> Result<LayoutPlan, LayoutError> {
+    let newest = found.iter().map(|f| f.layout).max();
+    let layout = match (running, newest) {
+        (Some(mine), Some(newer)) if newer > mine => {
+            let origin = found
+                .iter()
+                .find(|f| f.layout == newer)
+                .map(|f| crate::marker::layout_marker_key(bridge_id, f.layout, f.marker.instance))
+                .unwrap_or_default();
+            return Err(LayoutError::Superseded {
+                bridge_id: bridge_id.to_string(),
+                mine,
+                mine_instances: mine.instances,
+                newer,
+                origin,
+            });
+        }
+        (Some(mine), _) => mine,
+        (None, None) => Layout {
+            generation: 0,
+            instances,
+        },
+        (None, Some(newest)) if newest.instances == instances => newest,
+        (None, Some(newest)) => Layout {
+            generation: newest.generation + 1,
+            instances,
+        },
+    };
+    let own = found
+        .iter()
+        .filter(|f| f.layout == layout && f.marker.instance == instance && !f.is_intent())
+        .map(|f| &f.marker)
+        .max_by_key(|m| m.checkpoint_id);
+    if own.is_some() || found.is_empty() {
+        return Ok(LayoutPlan::Resume {
+            layout,
+            own: own.cloned(),
+        });
+    }
+
+    let mine: Vec<&(String, i32)> = partitions
+        .iter()
+        .filter(|(t, p)| owns(instance, layout.instances, t, *p))
+        .collect();
+    let lower: BTreeSet<Layout> = found
+        .iter()
+        .map(|f| f.layout)
+        .filter(|l| *l < layout)
+        .collect();
+    let mut fence = Vec::new();
+    for l in &lower {
+        for i in 0..l.instances {
+            if mine.iter().any(|(t, p)| owns(i, l.instances, t, *p)) {
+                fence.push((*l, i));
+            }
+        }
+    }
+    let mut positions = Positions::new();
+    let mut identity: Option<((Layout, u64), Option<Identity>)> = None;
+    for (t, p) in &mine {
+        let newest_holding = found
+            .iter()
+            .filter(|f| f.layout < layout && !f.is_intent())
+            .filter_map(|f| {
+                f.marker
+                    .positions
+                    .get(t, *p)
+                    .map(|o| ((f.layout, f.marker.checkpoint_id), o, &f.marker.identity))
+            })
+            .max_by_key(|(order, _, _)| *order);
+        if let Some((order, o, id)) = newest_holding {
+            positions.set(t, *p, o);
+            if identity.as_ref().is_none_or(|(best, _)| order > *best) {
+                identity = Some((order, id.clone()));
+            }
+        }
+    }
+    let next_id = found
+        .iter()
+        .map(|f| f.marker.checkpoint_id)
+        .max()
+        .unwrap_or(0)
+        + 1;
+    Ok(LayoutPlan::TakeOver {
+        layout,
+        fence,
+        positions,
+        next_id,
+        identity: identity.and_then(|(_, i)| i),
+    })
+}
+
 fn age(time_ms: i64, now_ms: i64) -> String {
     let ms = now_ms.saturating_sub(time_ms);
     if ms < 0 {
@@ -300,6 +464,7 @@ mod tests {
     use super::*;
     use crate::marker::MARKER_VERSION;
     use proptest::prelude::*;
+    use std::collections::BTreeMap;
     use CheckpointState::{Committed, Pending};
 
     const NOW: i64 = 1_700_000_100_000;
@@ -588,6 +753,298 @@ mod tests {
             matches!(&err, RecoveryError::LayoutMismatch { origin, found_instance: 0, .. } if origin.contains("marker")),
             "{err}"
         );
+    }
+
+    fn lay(generation: u64, instances: u32) -> Layout {
+        Layout {
+            generation,
+            instances,
+        }
+    }
+
+    fn parts() -> Vec<(String, i32)> {
+        (0..6).map(|p| ("orders".to_string(), p)).collect()
+    }
+
+    /// The newest marker of `instance` in `layout`, holding `offset + p` for the partitions it owns.
+    fn found(layout: Layout, instance: u32, id: u64, offset: i64) -> FoundMarker {
+        let mut positions = Positions::new();
+        if id > 0 {
+            for (t, p) in parts() {
+                if owns(instance, layout.instances, &t, p) {
+                    positions.set(&t, p, offset + p as i64);
+                }
+            }
+        }
+        FoundMarker {
+            layout,
+            marker: Marker {
+                version: MARKER_VERSION,
+                bridge_id: "b".into(),
+                instance,
+                instances: layout.instances,
+                checkpoint_id: id,
+                positions,
+                time_ms: NOW,
+                identity: None,
+            },
+        }
+    }
+
+    fn owned_by(instance: u32, instances: u32) -> Vec<(String, i32)> {
+        parts()
+            .into_iter()
+            .filter(|(t, p)| owns(instance, instances, t, *p))
+            .collect()
+    }
+
+    #[test]
+    fn layout_fresh_bridge_is_generation_zero_and_resumes_nothing() {
+        let plan = plan_layout("b", 0, 2, None, &[], &parts()).unwrap();
+        assert_eq!(
+            plan,
+            LayoutPlan::Resume {
+                layout: lay(0, 2),
+                own: None
+            }
+        );
+    }
+
+    #[test]
+    fn layout_same_instances_joins_and_resumes_its_own_marker() {
+        let f = [found(lay(0, 2), 0, 7, 100), found(lay(0, 2), 1, 9, 200)];
+        let plan = plan_layout("b", 1, 2, None, &f, &parts()).unwrap();
+        assert_eq!(
+            plan,
+            LayoutPlan::Resume {
+                layout: lay(0, 2),
+                own: Some(f[1].marker.clone())
+            }
+        );
+    }
+
+    #[test]
+    fn layout_upscale_takes_over_the_old_owners_positions() {
+        let f = [found(lay(0, 1), 0, 7, 100)];
+        for i in 0..2 {
+            let LayoutPlan::TakeOver {
+                layout,
+                fence,
+                positions,
+                next_id,
+                ..
+            } = plan_layout("b", i, 2, None, &f, &parts()).unwrap()
+            else {
+                panic!("expected a take-over")
+            };
+            assert_eq!(layout, lay(1, 2));
+            assert_eq!(fence, vec![(lay(0, 1), 0)]);
+            assert_eq!(next_id, 8);
+            let mine = owned_by(i, 2);
+            assert!(!mine.is_empty());
+            assert_eq!(positions.len(), mine.len());
+            for (t, p) in mine {
+                assert_eq!(positions.get(&t, p), Some(100 + p as i64));
+            }
+        }
+    }
+
+    #[test]
+    fn layout_a_late_instance_of_the_new_layout_joins_and_still_takes_over() {
+        // Instance 0 of the new layout committed already; instance 1 starts later.
+        let f = [
+            found(lay(0, 1), 0, 7, 100),
+            found(lay(1, 2), 0, 12, 500),
+            found(lay(1, 2), 1, 0, 0),
+        ];
+        let LayoutPlan::TakeOver {
+            layout,
+            fence,
+            positions,
+            ..
+        } = plan_layout("b", 1, 2, None, &f, &parts()).unwrap()
+        else {
+            panic!("expected a take-over")
+        };
+        assert_eq!(layout, lay(1, 2));
+        assert_eq!(fence, vec![(lay(0, 1), 0)]);
+        for (t, p) in owned_by(1, 2) {
+            assert_eq!(positions.get(&t, p), Some(100 + p as i64));
+        }
+    }
+
+    #[test]
+    fn layout_downscale_fences_every_old_owner_and_takes_the_newest_positions() {
+        // 1 -> 3 -> 1: the newest layout holding a partition decides, not an older one with a
+        // higher checkpoint id.
+        let f = [
+            found(lay(0, 1), 0, 40, 100),
+            found(lay(1, 3), 0, 41, 300),
+            found(lay(1, 3), 1, 45, 300),
+            found(lay(1, 3), 2, 0, 0), // instance 2 crashed after its intent
+        ];
+        let LayoutPlan::TakeOver {
+            layout,
+            fence,
+            positions,
+            next_id,
+            ..
+        } = plan_layout("b", 0, 1, None, &f, &parts()).unwrap()
+        else {
+            panic!("expected a take-over")
+        };
+        assert_eq!(layout, lay(2, 1));
+        assert_eq!(next_id, 46);
+        let mut expect = vec![(lay(0, 1), 0)];
+        expect.extend((0..3).map(|i| (lay(1, 3), i)));
+        assert_eq!(fence, expect);
+        for (t, p) in parts() {
+            let want = if owns(2, 3, &t, p) { 100 } else { 300 } + p as i64;
+            assert_eq!(positions.get(&t, p), Some(want), "partition {p}");
+        }
+    }
+
+    #[test]
+    fn layout_running_process_of_an_older_layout_stops_naming_the_newer_one() {
+        let f = [found(lay(0, 1), 0, 7, 100), found(lay(1, 2), 1, 0, 0)];
+        let err = plan_layout("b", 0, 1, Some(lay(0, 1)), &f, &parts()).unwrap_err();
+        assert_eq!(
+            err,
+            LayoutError::Superseded {
+                bridge_id: "b".into(),
+                mine: lay(0, 1),
+                mine_instances: 1,
+                newer: lay(1, 2),
+                origin: "b/g1n2/1".into()
+            }
+        );
+        let text = err.to_string();
+        assert!(text.contains("generation 1 (2 instances)"), "{text}");
+        assert!(text.contains("generation 0 (1 instances)"), "{text}");
+    }
+
+    #[test]
+    fn layout_rivals_of_one_generation_are_ordered_by_instances() {
+        // Layouts 2 and 3 both derived from layout 1 before either committed: the one with more
+        // instances is newer and fences the other's owners; the other stops once it sees it.
+        let f = [
+            found(lay(0, 1), 0, 7, 100),
+            found(lay(1, 2), 0, 0, 0),
+            found(lay(1, 2), 1, 9, 200),
+            found(lay(1, 3), 2, 0, 0),
+        ];
+        let plan = plan_layout("b", 2, 3, Some(lay(1, 3)), &f, &parts()).unwrap();
+        let LayoutPlan::TakeOver {
+            fence, positions, ..
+        } = plan
+        else {
+            panic!("expected a take-over")
+        };
+        assert!(fence.contains(&(lay(0, 1), 0)));
+        for (t, p) in owned_by(2, 3) {
+            let rival_owner = (0..2).find(|i| owns(*i, 2, &t, p)).unwrap();
+            assert!(fence.contains(&(lay(1, 2), rival_owner)));
+            let want = if owns(1, 2, &t, p) { 200 } else { 100 } + p as i64;
+            assert_eq!(positions.get(&t, p), Some(want), "partition {p}");
+        }
+        let err = plan_layout("b", 1, 2, Some(lay(1, 2)), &f, &parts()).unwrap_err();
+        assert!(matches!(err, LayoutError::Superseded { newer, .. } if newer == lay(1, 3)));
+    }
+
+    #[test]
+    fn layout_a_late_instance_of_the_first_layout_has_no_one_to_take_over_from() {
+        // The caller starts it from source.start, as its neighbours did.
+        let f = [found(lay(0, 2), 0, 7, 100)];
+        let plan = plan_layout("b", 1, 2, None, &f, &parts()).unwrap();
+        let LayoutPlan::TakeOver {
+            layout,
+            fence,
+            positions,
+            ..
+        } = plan
+        else {
+            panic!("expected a take-over")
+        };
+        assert_eq!(layout, lay(0, 2));
+        assert!(fence.is_empty() && positions.is_empty());
+    }
+
+    #[test]
+    fn layout_crash_after_the_intent_takes_over_again() {
+        let f = [found(lay(0, 1), 0, 7, 100), found(lay(1, 2), 0, 0, 0)];
+        let plan = plan_layout("b", 0, 2, None, &f, &parts()).unwrap();
+        assert!(matches!(plan, LayoutPlan::TakeOver { layout, .. } if layout == lay(1, 2)));
+    }
+
+    #[test]
+    fn layout_new_partitions_and_a_new_bridge_id_are_not_taken_from_markers() {
+        // A partition no marker holds gets no position (the caller reads it from its earliest
+        // offset, never from source.start while markers exist).
+        let mut f = found(lay(0, 1), 0, 7, 100);
+        f.marker.positions = Positions::new();
+        f.marker.positions.set("orders", 0, 5);
+        let plan = plan_layout("b", 0, 2, None, &[f], &parts()).unwrap();
+        let LayoutPlan::TakeOver { positions, .. } = plan else {
+            panic!("expected a take-over")
+        };
+        for (t, p) in owned_by(0, 2) {
+            assert_eq!(positions.get(&t, p), (p == 0).then_some(5));
+        }
+    }
+
+    proptest! {
+        /// Any sequence of layout changes, each instance starting in any order after the previous
+        /// change committed some of its instances: every partition's start position is the newest
+        /// committed position of the partition, and every older owner that committed it is fenced.
+        #[test]
+        fn prop_takeover_continues_the_newest_commit(
+            sizes in prop::collection::vec(1u32..5, 1..5),
+            committed in prop::collection::vec(any::<bool>(), 20),
+        ) {
+            let mut found_markers: Vec<FoundMarker> = Vec::new();
+            let mut truth: BTreeMap<i32, (i64, Vec<(Layout, u32)>)> = BTreeMap::new();
+            let mut next = 1u64;
+            let mut k = 0;
+            for n in sizes {
+                let mut layout = None;
+                for i in 0..n {
+                    let plan = plan_layout("b", i, n, None, &found_markers, &parts()).unwrap();
+                    let l = plan.layout();
+                    layout.get_or_insert(l);
+                    prop_assert_eq!(Some(l), layout, "instances of one change agree");
+                    let resumes = matches!(plan, LayoutPlan::Resume { own: Some(_), .. });
+                    if let LayoutPlan::TakeOver { fence, positions, .. } = plan {
+                        for (t, p) in owned_by(i, n) {
+                            let (pos, owners) = truth.get(&p).cloned().unwrap_or((-1, vec![]));
+                            prop_assert_eq!(positions.get(&t, p).unwrap_or(-1), pos);
+                            for o in owners {
+                                prop_assert!(fence.contains(&o), "{:?} not fenced", o);
+                            }
+                        }
+                    }
+                    // Commit (or only claim) in the new layout; a restart that resumes and commits
+                    // nothing leaves its marker as it was.
+                    let commits = committed[k % committed.len()];
+                    k += 1;
+                    if resumes && !commits {
+                        continue;
+                    }
+                    let mut m = found(l, i, if commits { next } else { 0 }, 0);
+                    if commits {
+                        next += 1;
+                        for (t, p) in owned_by(i, n) {
+                            let pos = truth.get(&p).map_or(0, |x| x.0) + 10;
+                            m.marker.positions.set(&t, p, pos);
+                            let entry = truth.entry(p).or_insert((0, vec![]));
+                            entry.0 = pos;
+                            entry.1.push((l, i));
+                        }
+                    }
+                    found_markers.retain(|f| !(f.layout == l && f.marker.instance == i));
+                    found_markers.push(m);
+                }
+            }
+        }
     }
 
     /// Checkpoints with distinct ids, each pending or committed, and maybe a marker.

@@ -13,6 +13,7 @@
 //! error, which outranks the collateral ones (purged, erroneous state), and a refused send waits
 //! briefly for the delivery reports that say which record really failed.
 
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
@@ -26,7 +27,7 @@ use rdkafka::{ClientContext, Offset, TopicPartitionList};
 use tracing::{info, warn};
 
 use crate::error::{classify_kafka, is_auth, is_fencing, Action, BridgeError, Result};
-use crate::marker::{marker_key, Marker};
+use crate::marker::{parse_marker_key, FoundMarker, Layout, Marker};
 
 /// Where an output record came from; carried through librdkafka so that a failed delivery names
 /// its source record. The commit marker carries the marker topic's partition and offset -1.
@@ -309,6 +310,8 @@ pub struct SinkSettings {
     pub foreign_transaction_wait: Duration,
     pub bridge_id: String,
     pub instance: u32,
+    /// The key of this instance's markers in its layout (`marker::layout_marker_key`).
+    pub marker_key: String,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -392,6 +395,10 @@ impl Sink {
         };
         sink.init_transactions(deadline)?;
         Ok(sink)
+    }
+
+    pub fn settings(&self) -> &SinkSettings {
+        &self.settings
     }
 
     pub fn is_transactional(&self) -> bool {
@@ -707,7 +714,7 @@ impl Sink {
 
     /// Queues the commit marker M(N) into the open transaction.
     pub fn send_marker(&mut self, marker: &Marker) -> Result<()> {
-        let key = marker_key(&marker.bridge_id, marker.instance);
+        let key = self.settings.marker_key.clone();
         let payload = marker.encode();
         let me = Box::new(SourceRef {
             topic: self.settings.marker_topic.as_str().into(),
@@ -1008,7 +1015,7 @@ pub fn read_newest_marker(
     let lso =
         wait_for_stable_marker_partition(s, &consumer, Instant::now() + stable_deadline, report)?;
     let end_at = Instant::now() + timeout;
-    let key = marker_key(&s.bridge_id, s.instance);
+    let key = s.marker_key.clone();
     let mut hi = lso;
     while hi > low {
         let lo = (hi - MARKER_WINDOW).max(low);
@@ -1054,6 +1061,12 @@ pub fn read_newest_marker(
                                 }
                             }
                         }
+                        // Another layout of this bridge on the same instance slot.
+                        Some(k)
+                            if std::str::from_utf8(k)
+                                .ok()
+                                .and_then(|k| parse_marker_key(&s.bridge_id, k))
+                                .is_some() => {}
                         other => {
                             return Err(BridgeError::MarkerTopicShared {
                                 topic: s.marker_topic.clone(),
@@ -1081,6 +1094,144 @@ pub fn read_newest_marker(
         hi = lo;
     }
     Ok(None)
+}
+
+/// Reads the newest committed marker of every key of this bridge on marker partitions
+/// `0..partitions`, each partition read completely up to its last stable offset once that reached
+/// the high watermark (the completeness rule of [`wait_for_stable_marker_partition`]). The whole
+/// partition is read because a partition holds the markers of every layout that used its instance
+/// slot and the reader cannot know how many there were; compaction keeps it short.
+///
+/// With `committed = false` it reads everything written, open and aborted transactions included,
+/// without waiting: a guess of the layouts in use, good for choosing the transactional id before
+/// init_transactions, never for positions.
+pub fn read_bridge_markers(
+    s: &SinkSettings,
+    partitions: i32,
+    committed: bool,
+    timeout: Duration,
+    report: MarkerWait<'_>,
+) -> Result<Vec<FoundMarker>> {
+    let consumer = marker_reader(
+        s,
+        if committed {
+            "read_committed"
+        } else {
+            "read_uncommitted"
+        },
+    )?;
+    let mut newest: BTreeMap<String, FoundMarker> = BTreeMap::new();
+    for partition in 0..partitions.max(1) {
+        let ps = SinkSettings {
+            marker_partition: partition,
+            ..s.clone()
+        };
+        // A partition the bridge has just created or added can be unknown to the broker we ask
+        // for a moment: wait for it rather than stop.
+        let known_by = Instant::now() + timeout;
+        let (low, high) = loop {
+            match consumer.fetch_watermarks(&ps.marker_topic, partition, timeout) {
+                Ok(w) => break w,
+                Err(e) if Instant::now() < known_by => {
+                    warn!(topic = %ps.marker_topic, partition, error = %e, "marker partition not known yet; retrying");
+                    std::thread::sleep(Duration::from_millis(200));
+                }
+                Err(e) => return Err(BridgeError::kafka("fetch marker watermarks", e)),
+            }
+        };
+        let lso = if committed {
+            wait_for_stable_marker_partition(
+                &ps,
+                &consumer,
+                Instant::now() + s.foreign_transaction_wait,
+                report,
+            )?
+        } else {
+            high
+        };
+        if lso <= low {
+            continue;
+        }
+        let mut tpl = TopicPartitionList::new();
+        tpl.add_partition_offset(&ps.marker_topic, partition, Offset::Offset(low))
+            .map_err(|e| BridgeError::kafka("assign marker partition", e))?;
+        consumer
+            .assign(&tpl)
+            .map_err(|e| BridgeError::kafka("assign marker partition", e))?;
+        let end_at = Instant::now() + timeout;
+        loop {
+            if Instant::now() >= end_at {
+                return Err(BridgeError::MarkerRead {
+                    key: format!("{}/*", s.bridge_id),
+                    topic: ps.marker_topic.clone(),
+                    partition,
+                    timeout,
+                });
+            }
+            let m = match consumer.poll(Duration::from_millis(200)) {
+                None => continue,
+                Some(Err(KafkaError::PartitionEOF(_))) => break,
+                Some(Err(e)) => return Err(BridgeError::kafka("read marker topic", e)),
+                Some(Ok(m)) => m,
+            };
+            if m.offset() >= lso {
+                break;
+            }
+            let key = String::from_utf8_lossy(m.key().unwrap_or_default()).into_owned();
+            let parsed = parse_marker_key(&s.bridge_id, &key);
+            if parsed.is_none() && !committed {
+                // Possibly an aborted or still open record: the committed read judges it.
+                continue;
+            }
+            let Some((layout, _)) = parsed else {
+                return Err(BridgeError::MarkerTopicShared {
+                    topic: ps.marker_topic.clone(),
+                    partition,
+                    offset: m.offset(),
+                    found_key: key,
+                    our_key: s.marker_key.clone(),
+                });
+            };
+            match m.payload().map(Marker::decode) {
+                Some(Ok(marker)) => {
+                    let layout = layout.unwrap_or(Layout {
+                        generation: 0,
+                        instances: marker.instances,
+                    });
+                    if newest
+                        .get(&key)
+                        .is_none_or(|f| marker.checkpoint_id >= f.marker.checkpoint_id)
+                    {
+                        newest.insert(key, FoundMarker { layout, marker });
+                    }
+                }
+                Some(Err(e)) => {
+                    warn!(offset = m.offset(), error = %e, "skipping undecodable commit marker")
+                }
+                None => {}
+            }
+            if m.offset() + 1 >= lso {
+                break;
+            }
+        }
+    }
+    Ok(newest.into_values().collect())
+}
+
+/// Fences a transactional id: init_transactions under it aborts the transaction its producer
+/// left open and makes that producer's next transactional call fail with a fencing error.
+pub fn fence(s: &SinkSettings, transactional_id: &str, deadline: Duration) -> Result<()> {
+    let settings = SinkSettings {
+        transactional_id: Some(transactional_id.to_string()),
+        ..s.clone()
+    };
+    let sink = Sink::connect(settings, deadline)?;
+    info!(
+        transactional_id,
+        "fenced the transactional id of an older layout"
+    );
+    drop(sink);
+    Ok(())
 }
 
 /// librdkafka properties that configure the connection (security, timeouts), not the producer:
@@ -1314,6 +1465,7 @@ mod tests {
             foreign_transaction_wait: Duration::ZERO,
             bridge_id: "b".into(),
             instance: 0,
+            marker_key: "b/0".into(),
         }
     }
 

@@ -46,6 +46,11 @@ pub struct Status {
     pub recovery_wait: Option<String>,
     /// The bound on output bytes in flight to the sink, fitted to its delivery rate.
     pub in_flight_limit_bytes: u64,
+    /// The layout this process runs in (exactly-once): its generation and instance count.
+    pub layout_generation: Option<u64>,
+    pub layout_instances: Option<u32>,
+    /// While a new layout takes over: what it waits for (fencing, reading the old markers).
+    pub takeover: Option<String>,
     #[serde(skip)]
     pub last_checkpoint_at: Option<Instant>,
     #[serde(skip)]
@@ -73,6 +78,9 @@ impl Status {
             failure: None,
             recovery_wait: None,
             in_flight_limit_bytes: 0,
+            layout_generation: None,
+            layout_instances: None,
+            takeover: None,
             last_checkpoint_at: None,
             epoch_started_at: None,
             heartbeat: Instant::now(),
