@@ -276,6 +276,7 @@ fn layouts_two_and_three_side_by_side_then_the_old_one_killed() {
     );
 }
 
+#[cfg(feature = "failpoints")]
 #[test]
 fn a_kill_9_at_every_step_of_a_take_over_is_repaired() {
     let _serial = serial();
