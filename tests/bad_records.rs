@@ -9,7 +9,7 @@ mod common;
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use rand::{Rng, RngCore};
+use rand::Rng;
 use rdkafka::config::ClientConfig;
 use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
 
@@ -37,19 +37,6 @@ fn poison_value() -> String {
         .collect()
 }
 
-/// `len` random letters and digits for each of `count` records: lz4 leaves a batch of such records
-/// about as large as it was, so a batch of innocent records above the sink topic's limit would be
-/// refused.
-fn noise(count: usize, len: usize) -> Vec<u8> {
-    const ALNUM: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
-    let mut bytes = vec![0u8; count * len];
-    rand::rng().fill_bytes(&mut bytes);
-    for b in &mut bytes {
-        *b = ALNUM[usize::from(*b) % ALNUM.len()];
-    }
-    bytes
-}
-
 /// Writes the input: PER_PARTITION records of 100 bytes into each partition, and the poison record
 /// at POISON_OFFSET of partition 0, in front of the rest. Returns the poison's value.
 fn fill_input(bootstrap: &str, topic: &str) -> String {
@@ -62,42 +49,17 @@ fn fill_input(bootstrap: &str, topic: &str) -> String {
         .unwrap();
     let poison = poison_value();
     const PAD: usize = 88;
-    let pad = noise(PER_PARTITION * PARTITIONS as usize, PAD);
     let started = Instant::now();
     for i in 0..PER_PARTITION {
         for p in 0..PARTITIONS {
-            let n = i * PARTITIONS as usize + p as usize;
-            let small = format!(
-                "p{p}-{i:07}-{}",
-                std::str::from_utf8(&pad[n * PAD..(n + 1) * PAD]).unwrap()
-            );
+            let small = format!("p{p}-{i:07}-{}", random_alnum(PAD));
             let values: &[&str] = if p == 0 && i == POISON_OFFSET {
                 &[&poison, &small]
             } else {
                 &[&small]
             };
             for value in values {
-                let mut record = BaseRecord::<(), str>::to(topic)
-                    .payload(*value)
-                    .partition(p);
-                loop {
-                    match producer.send(record) {
-                        Ok(()) => break,
-                        Err((e, back)) => {
-                            assert!(
-                                matches!(
-                                    e,
-                                    rdkafka::error::KafkaError::MessageProduction(
-                                        rdkafka::types::RDKafkaErrorCode::QueueFull
-                                    )
-                                ),
-                                "{e}"
-                            );
-                            record = back;
-                            std::thread::sleep(Duration::from_millis(5));
-                        }
-                    }
-                }
+                send_to_partition(&producer, topic, p, value);
             }
         }
     }

@@ -9,9 +9,8 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use rand::RngCore;
 use rdkafka::config::ClientConfig;
-use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
+use rdkafka::producer::{DefaultProducerContext, Producer, ThreadedProducer};
 
 use common::bridge::*;
 use common::*;
@@ -84,59 +83,19 @@ impl Drop for Quota {
 /// PER_PARTITION records per partition, "p<partition>-<seq>:" and PAD random letters and digits:
 /// lz4 leaves them about as large as they are, so the quota sees every byte.
 fn fill_input(bootstrap: &str, topic: &str) {
-    const ALNUM: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
     let producer: ThreadedProducer<DefaultProducerContext> = ClientConfig::new()
         .set("bootstrap.servers", bootstrap)
         .set("enable.idempotence", "true")
         .set("linger.ms", "20")
         .create()
         .unwrap();
-    let mut pad = vec![0u8; PAD];
     for i in 0..PER_PARTITION {
         for p in 0..PARTITIONS {
-            rand::rng().fill_bytes(&mut pad);
-            let noise: String = pad
-                .iter()
-                .map(|b| ALNUM[usize::from(*b) % ALNUM.len()] as char)
-                .collect();
-            let value = format!("p{p}-{i:06}:{noise}");
-            let mut record = BaseRecord::<(), str>::to(topic)
-                .payload(&value)
-                .partition(p);
-            loop {
-                match producer.send(record) {
-                    Ok(()) => break,
-                    Err((e, back)) => {
-                        assert!(
-                            matches!(
-                                e,
-                                rdkafka::error::KafkaError::MessageProduction(
-                                    rdkafka::types::RDKafkaErrorCode::QueueFull
-                                )
-                            ),
-                            "{e}"
-                        );
-                        record = back;
-                        producer.poll(Duration::from_millis(5));
-                    }
-                }
-            }
+            let value = format!("p{p}-{i:06}:{}", random_alnum(PAD));
+            send_to_partition(&producer, topic, p, &value);
         }
     }
     producer.flush(Duration::from_secs(60)).unwrap();
-}
-
-/// The value of one metric series in the Prometheus text, 0 if absent.
-fn metric(text: &str, series: &str) -> f64 {
-    text.lines()
-        .find_map(|l| {
-            l.strip_prefix(series)?
-                .strip_prefix(' ')?
-                .trim()
-                .parse()
-                .ok()
-        })
-        .unwrap_or(0.0)
 }
 
 #[test]
@@ -163,18 +122,12 @@ fn a_sink_throttled_by_a_quota_makes_slow_progress_exactly_once() {
     bridge.wait_committed(total, Duration::from_secs(75));
     let took = started.elapsed();
 
-    let metrics = bridge.get("/metrics").expect("metrics answer").1;
-    let completed = metric(
-        &metrics,
-        "eos_bridge_checkpoints_total{result=\"completed\"}",
-    );
-    let aborted = metric(&metrics, "eos_bridge_checkpoints_total{result=\"aborted\"}");
-    let by_interval = metric(
-        &metrics,
-        "eos_bridge_epochs_ended_total{trigger=\"interval\"}",
-    );
-    let by_size = metric(&metrics, "eos_bridge_epochs_ended_total{trigger=\"size\"}");
-    let limit = metric(&metrics, "eos_bridge_in_flight_limit_bytes");
+    let metric = |series: &str| bridge.metric(series).unwrap_or(0.0);
+    let completed = metric("eos_bridge_checkpoints_total{result=\"completed\"}");
+    let aborted = metric("eos_bridge_checkpoints_total{result=\"aborted\"}");
+    let by_interval = metric("eos_bridge_epochs_ended_total{trigger=\"interval\"}");
+    let by_size = metric("eos_bridge_epochs_ended_total{trigger=\"size\"}");
+    let limit = metric("eos_bridge_in_flight_limit_bytes");
     let status_limit = bridge.status().expect("status answers")["in_flight_limit_bytes"]
         .as_u64()
         .expect("status names the in-flight limit");

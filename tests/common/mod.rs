@@ -189,6 +189,44 @@ pub fn create_topic(bootstrap: &str, topic: &str, partitions: u32) {
     create_topic_with(bootstrap, topic, partitions, &[]);
 }
 
+/// `len` random letters and digits: lz4 leaves such text about as large as it is, so a test sees
+/// every byte reach the sink (batch limits, quotas).
+pub fn random_alnum(len: usize) -> String {
+    use rand::RngCore;
+    const ALNUM: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
+    let mut bytes = vec![0u8; len];
+    rand::rng().fill_bytes(&mut bytes);
+    bytes
+        .iter()
+        .map(|b| ALNUM[usize::from(*b) % ALNUM.len()] as char)
+        .collect()
+}
+
+/// Hands one record to `producer` for `topic`/`partition`, waiting out a full local queue.
+pub fn send_to_partition(
+    producer: &rdkafka::producer::ThreadedProducer<rdkafka::producer::DefaultProducerContext>,
+    topic: &str,
+    partition: i32,
+    value: &str,
+) {
+    use rdkafka::error::KafkaError;
+    use rdkafka::producer::BaseRecord;
+    use rdkafka::types::RDKafkaErrorCode;
+    let mut record = BaseRecord::<(), str>::to(topic)
+        .payload(value)
+        .partition(partition);
+    loop {
+        match producer.send(record) {
+            Ok(()) => return,
+            Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), back)) => {
+                record = back;
+                producer.poll(Duration::from_millis(5));
+            }
+            Err((e, _)) => panic!("producing to {topic}/{partition}: {e}"),
+        }
+    }
+}
+
 /// One record as Kafka's console consumer printed it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Seen {
