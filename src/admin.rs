@@ -11,7 +11,8 @@ use std::ffi::{c_char, c_int, CStr, CString};
 use std::time::Duration;
 
 use rdkafka::admin::{
-    AdminClient, AdminOptions, NewPartitions, NewTopic, ResourceSpecifier, TopicReplication,
+    AdminClient, AdminOptions, ConfigSource, NewPartitions, NewTopic, ResourceSpecifier,
+    TopicReplication,
 };
 use rdkafka::bindings as rd;
 use rdkafka::client::{Client, DefaultClientContext};
@@ -20,13 +21,17 @@ use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::ClientContext;
 use tracing::info;
 
+use crate::config::{ConfigError, ConfigErrors};
 use crate::error::{transient_code, BridgeError, Result};
+use crate::mirror::TopicConfigs;
 use crate::sink::is_client_wide;
 
 const TIMEOUT: Duration = Duration::from_secs(15);
 
 pub struct Admin {
     client: AdminClient<DefaultClientContext>,
+    /// For the topics this client creates; -1 is the broker's default.replication.factor.
+    replication_factor: i32,
 }
 
 impl Admin {
@@ -41,7 +46,52 @@ impl Admin {
             .set("bootstrap.servers", bootstrap)
             .create()
             .map_err(|e| BridgeError::kafka("create admin client", e))?;
-        Ok(Admin { client })
+        Ok(Admin {
+            client,
+            replication_factor: -1,
+        })
+    }
+
+    /// Topics created from now on get `factor` replicas (None: the broker's default).
+    pub fn with_replication_factor(mut self, factor: Option<u16>) -> Admin {
+        self.replication_factor = factor.map_or(-1, i32::from);
+        self
+    }
+
+    /// Every config of a topic that has a value (sensitive ones have none), marked whether it is
+    /// the hard-coded default; None when the topic does not exist.
+    pub async fn topic_configs(&self, topic: &str) -> Result<Option<TopicConfigs>> {
+        let results = self
+            .client
+            .describe_configs(&[ResourceSpecifier::Topic(topic)], &Self::options())
+            .await
+            .map_err(|e| BridgeError::kafka("describe topic configs", e))?;
+        let mut out = TopicConfigs::default();
+        for r in results {
+            let resource = match r {
+                Ok(resource) => resource,
+                Err(RDKafkaErrorCode::UnknownTopicOrPartition) => return Ok(None),
+                Err(code) if transient_code(code) => {
+                    return Err(BridgeError::kafka(
+                        "describe topic configs",
+                        KafkaError::AdminOp(code),
+                    ))
+                }
+                Err(code) => {
+                    return Err(BridgeError::Setup(format!(
+                        "describing the configuration of topic '{topic}' failed: {code:?}; grant the bridge \
+                         DescribeConfigs on it"
+                    )))
+                }
+            };
+            for e in resource.entries {
+                if let Some(v) = e.value {
+                    let is_default = matches!(e.source, ConfigSource::Default);
+                    out.entries.insert(e.name, (v, is_default));
+                }
+            }
+        }
+        Ok(Some(out))
     }
 
     fn options() -> AdminOptions {
@@ -139,7 +189,11 @@ impl Admin {
         partitions: i32,
         configs: &[(&str, &str)],
     ) -> Result<()> {
-        let mut nt = NewTopic::new(topic, partitions, TopicReplication::Fixed(-1));
+        let mut nt = NewTopic::new(
+            topic,
+            partitions,
+            TopicReplication::Fixed(self.replication_factor),
+        );
         for (k, v) in configs {
             nt = nt.set(k, v);
         }
@@ -152,6 +206,28 @@ impl Admin {
             match r {
                 Ok(_) => info!(topic, partitions, "created topic"),
                 Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
+                Err((t, RDKafkaErrorCode::InvalidReplicationFactor)) => {
+                    return Err(BridgeError::Config(ConfigErrors(vec![ConfigError::new(
+                        "sink.replication_factor",
+                        format!(
+                            "{} is more than the sink cluster has brokers (creating topic '{t}' failed with \
+                             InvalidReplicationFactor): lower it, or leave it unset for the broker's \
+                             default.replication.factor",
+                            self.replication_factor
+                        ),
+                    )])))
+                }
+                Err((t, RDKafkaErrorCode::InvalidConfig)) => {
+                    let names: Vec<&str> = configs.iter().map(|(k, _)| *k).collect();
+                    return Err(BridgeError::Config(ConfigErrors(vec![ConfigError::new(
+                        "sink.topic_config_exclude",
+                        format!(
+                            "the sink cluster refused the configs of new topic '{t}' ({}): add the one it \
+                             does not accept to sink.topic_config_exclude, or create the topic yourself",
+                            names.join(", ")
+                        ),
+                    )])))
+                }
                 // The controller moving or a broker restarting says nothing about permissions.
                 Err((_, code)) if transient_code(code) => {
                     return Err(BridgeError::kafka("create topic", KafkaError::AdminOp(code)))
@@ -179,6 +255,12 @@ impl Admin {
             .map_err(|e| BridgeError::kafka("add partitions", e))?;
         for r in res {
             if let Err((t, code)) = r {
+                // Another instance (or a person) grew it first: enough partitions is all we need.
+                if let Ok(Some(now)) = self.partitions(topic) {
+                    if now >= total {
+                        return Ok(());
+                    }
+                }
                 return Err(BridgeError::Setup(format!(
                     "adding partitions to '{t}' (to {total}) failed: {code:?}; add them yourself or \
                      grant the bridge Alter on the topic"

@@ -1,16 +1,20 @@
 //! `eos-bridge check`: everything start-up would verify, without starting. Each finding is a row
 //! with its status and, when it fails, the fix.
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use crate::admin::Admin;
 use crate::config::{Config, Delivery};
+use crate::mirror::{self, Severity};
 use crate::source::Source;
 
 #[derive(Debug)]
 pub struct Finding {
     pub check: String,
     pub ok: bool,
+    /// Passing, but worth a look: the detail says what differs and the fix how to align it.
+    pub warn: bool,
     pub detail: String,
     pub fix: String,
 }
@@ -19,8 +23,19 @@ fn pass(check: &str, detail: impl Into<String>) -> Finding {
     Finding {
         check: check.into(),
         ok: true,
+        warn: false,
         detail: detail.into(),
         fix: String::new(),
+    }
+}
+
+fn warn(check: &str, detail: impl Into<String>, fix: impl Into<String>) -> Finding {
+    Finding {
+        check: check.into(),
+        ok: true,
+        warn: true,
+        detail: detail.into(),
+        fix: fix.into(),
     }
 }
 
@@ -28,6 +43,7 @@ fn fail(check: &str, detail: impl Into<String>, fix: impl Into<String>) -> Findi
     Finding {
         check: check.into(),
         ok: false,
+        warn: false,
         detail: detail.into(),
         fix: fix.into(),
     }
@@ -37,6 +53,7 @@ fn fail(check: &str, detail: impl Into<String>, fix: impl Into<String>) -> Findi
 pub fn run(cfg: &Config, runtime: &tokio::runtime::Runtime) -> Vec<Finding> {
     let mut out = vec![pass("configuration", "parsed and validated")];
 
+    let mut source_topics = BTreeMap::new();
     match Source::new(cfg).and_then(|s| s.discover()) {
         Ok(topics) if topics.is_empty() => out.push(fail(
             "source topics",
@@ -53,6 +70,7 @@ pub fn run(cfg: &Config, runtime: &tokio::runtime::Runtime) -> Vec<Finding> {
                 format!("reachable at {}", cfg.source.bootstrap_servers),
             ));
             out.push(pass("source topics", list.join(", ")));
+            source_topics = topics;
         }
         Err(e) => out.push(fail(
             "source cluster / topics",
@@ -68,7 +86,7 @@ pub fn run(cfg: &Config, runtime: &tokio::runtime::Runtime) -> Vec<Finding> {
         .map(|(k, v)| (k.to_string(), v.to_string()))
         .collect();
     let admin = match Admin::new(&cfg.sink.bootstrap_servers, &kafka) {
-        Ok(a) => a,
+        Ok(a) => a.with_replication_factor(cfg.sink.replication_factor),
         Err(e) => {
             out.push(fail(
                 "sink cluster",
@@ -133,6 +151,104 @@ pub fn run(cfg: &Config, runtime: &tokio::runtime::Runtime) -> Vec<Finding> {
             )),
         }
     }
+    out.extend(sink_topics(cfg, runtime, &admin, &source_topics));
+    out
+}
+
+/// One or more rows per source topic: how its sink topic will be created, or how the existing
+/// one differs from it (see `mirror::judge`).
+fn sink_topics(
+    cfg: &Config,
+    runtime: &tokio::runtime::Runtime,
+    sink_admin: &Admin,
+    topics: &BTreeMap<String, i32>,
+) -> Vec<Finding> {
+    let mut out = Vec::new();
+    if topics.is_empty() {
+        return out;
+    }
+    let kafka: Vec<(String, String)> = cfg
+        .source
+        .kafka
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    let source_admin = match Admin::new(&cfg.source.bootstrap_servers, &kafka) {
+        Ok(a) => a,
+        Err(e) => {
+            out.push(fail(
+                "source topic configs",
+                e.to_string(),
+                "check [source.kafka]",
+            ));
+            return out;
+        }
+    };
+    for (topic, &partitions) in topics {
+        let sink_topic = cfg.sink_topic_for(topic);
+        let check = format!("sink topic {sink_topic}");
+        let described = runtime
+            .block_on(source_admin.topic_configs(topic))
+            .and_then(|s| Ok((s, sink_admin.partitions(&sink_topic)?)))
+            .and_then(|(s, n)| {
+                let configs = match n {
+                    Some(_) => runtime.block_on(sink_admin.topic_configs(&sink_topic))?,
+                    None => None,
+                };
+                Ok((s.unwrap_or_default(), n, configs))
+            });
+        let (source, sink_partitions, sink) = match described {
+            Ok(d) => d,
+            Err(e) => {
+                out.push(fail(
+                    &check,
+                    e.to_string(),
+                    "grant the bridge DescribeConfigs on the source and sink topics",
+                ));
+                continue;
+            }
+        };
+        let Some(n) = sink_partitions else {
+            let copied = mirror::copied(&source, &cfg.sink.topic_config_exclude);
+            let shown: Vec<String> = copied.iter().map(|(k, v)| format!("{k}={v}")).collect();
+            out.push(pass(
+                &check,
+                format!(
+                    "will be created with {partitions} partitions, replication factor {}, configs [{}]",
+                    cfg.sink
+                        .replication_factor
+                        .map_or("broker default".to_string(), |r| r.to_string()),
+                    shown.join(", ")
+                ),
+            ));
+            continue;
+        };
+        let mut fits = true;
+        if let Some(note) =
+            mirror::partition_note(cfg.sink.partitioning, topic, partitions, &sink_topic, n)
+        {
+            fits = false;
+            out.push(warn(
+                &check,
+                note,
+                "none needed if the bridge may alter the topic; else add the partitions yourself",
+            ));
+        }
+        for b in mirror::judge(topic, &sink_topic, &source, &sink.unwrap_or_default()) {
+            fits = false;
+            let detail = format!("{}: {}", b.setting, b.problem);
+            out.push(match b.severity {
+                Severity::Refuse => fail(&check, detail, b.fix),
+                Severity::Warn => warn(&check, detail, b.fix),
+            });
+        }
+        if fits {
+            out.push(pass(
+                &check,
+                format!("exists with {n} partitions and fits source topic {topic}"),
+            ));
+        }
+    }
     out
 }
 
@@ -149,10 +265,14 @@ pub fn render(findings: &[Finding]) -> String {
         s.push_str(&format!(
             "{:<width$}  {:<4}  {}\n",
             f.check,
-            if f.ok { "ok" } else { "FAIL" },
+            match (f.ok, f.warn) {
+                (false, _) => "FAIL",
+                (true, true) => "warn",
+                (true, false) => "ok",
+            },
             f.detail
         ));
-        if !f.ok {
+        if !f.ok || f.warn {
             s.push_str(&format!("{:<width$}        fix: {}\n", "", f.fix));
         }
     }
@@ -168,7 +288,13 @@ mod tests {
         let t = render(&[
             pass("configuration", "fine"),
             fail("timeout rule", "too long", "lower it"),
+            warn("sink topic t", "retention.ms: shorter", "raise it"),
         ]);
+        assert!(
+            t.contains("sink topic t   warn  retention.ms: shorter"),
+            "{t}"
+        );
+        assert!(t.contains("fix: raise it"), "{t}");
         assert!(t.contains("configuration  ok"), "{t}");
         assert!(t.contains("timeout rule   FAIL  too long"), "{t}");
         assert!(t.contains("fix: lower it"), "{t}");

@@ -97,6 +97,8 @@ pub struct SourceConfig {
     pub topics: Vec<String>,
     /// Matched against the whole topic name, like the Java clients' pattern subscription.
     pub topic_pattern: Option<String>,
+    /// Anchored like `topic_pattern`; topics it matches are never read, whichever way selected.
+    pub topic_exclude: Option<String>,
     /// Where to start when neither a checkpoint nor a commit marker says where to resume.
     pub start: StartPosition,
     pub on_offset_out_of_range: OutOfRange,
@@ -144,6 +146,11 @@ pub struct SinkConfig {
     /// The most output bytes (keys and values) handed to the producer and not yet acknowledged;
     /// the bridge lowers its working limit below this for a slow sink.
     pub max_in_flight_bytes: u64,
+    /// Replicas of every topic the bridge creates on the sink; None: the broker's default.
+    pub replication_factor: Option<u16>,
+    /// Source topic configs not copied to new sink topics, besides `mirror::EXCLUDED`; an entry
+    /// ending in `*` is a prefix.
+    pub topic_config_exclude: Vec<String>,
     pub kafka: KafkaProps,
 }
 
@@ -756,6 +763,7 @@ struct RawSource {
     bootstrap_servers: Field<String>,
     topics: Field<TopicList>,
     topic_pattern: Field<String>,
+    topic_exclude: Field<String>,
     start: Field<Parse<StartPosition>>,
     on_offset_out_of_range: Field<Parse<OutOfRange>>,
 }
@@ -770,6 +778,8 @@ struct RawSink {
     on_bad_record: Field<Parse<OnBadRecord>>,
     dead_letter_topic: Field<String>,
     max_in_flight_bytes: Field<Count<u64>>,
+    replication_factor: Field<Count<u16>>,
+    topic_config_exclude: Field<TopicList>,
 }
 
 #[derive(Default, serde::Deserialize)]
@@ -1267,6 +1277,7 @@ impl Loader {
                 .take("source.topics", s.topics)
                 .map_or_else(Vec::new, |TopicList(t)| t),
             topic_pattern: self.take("source.topic_pattern", s.topic_pattern),
+            topic_exclude: self.take("source.topic_exclude", s.topic_exclude),
             start: self
                 .take("source.start", s.start)
                 .map_or(StartPosition::Earliest, |Parse(v)| v),
@@ -1294,6 +1305,12 @@ impl Loader {
             max_in_flight_bytes: self
                 .take("sink.max_in_flight_bytes", k.max_in_flight_bytes)
                 .map_or(DEFAULT_MAX_IN_FLIGHT_BYTES, |Count(n)| n),
+            replication_factor: self
+                .take("sink.replication_factor", k.replication_factor)
+                .map(|Count(n)| n),
+            topic_config_exclude: self
+                .take("sink.topic_config_exclude", k.topic_config_exclude)
+                .map_or_else(Vec::new, |TopicList(t)| t),
             kafka: sink_kafka,
         };
         if let Some(topic) = self.take("sink.dead_letter_topic", k.dead_letter_topic) {
@@ -1454,6 +1471,29 @@ impl Loader {
                 );
             }
         }
+        if self.usable(&["source.topic_exclude"]) {
+            if let Some(exclude) = s.topic_exclude.as_deref() {
+                match anchored(exclude) {
+                    Err(e) => self.fail(
+                        "source.topic_exclude",
+                        format!(
+                            "{exclude:?} is not a valid regular expression ({}): fix the syntax; it must match whole topic names",
+                            regex_reason(&e)
+                        ),
+                    ),
+                    Ok(re) => {
+                        if let Some(t) = s.topics.iter().find(|t| re.is_match(t)) {
+                            self.fail(
+                                "source.topic_exclude",
+                                format!(
+                                    "{exclude:?} excludes {t:?}, which source.topics lists: remove it from the list, or narrow the exclusion"
+                                ),
+                            );
+                        }
+                    }
+                }
+            }
+        }
         if self.usable(&["source.topics"]) {
             for topic in &s.topics {
                 if let Err(why) = check_topic_name(topic) {
@@ -1485,6 +1525,14 @@ impl Loader {
 
     fn validate_sink(&mut self, c: &Config) {
         let (source, sink) = (&c.source, &c.sink);
+        if let Some(n) = sink.replication_factor {
+            if (n == 0 || n > i16::MAX as u16) && self.usable(&["sink.replication_factor"]) {
+                self.fail(
+                    "sink.replication_factor",
+                    format!("{n} is not a replica count: use 1 to {}, at most the sink cluster's brokers, or leave it unset for the broker's default", i16::MAX),
+                );
+            }
+        }
         // Unset, the sink's servers are the source's: one error about them is enough.
         if sink.bootstrap_servers != source.bootstrap_servers {
             self.check_servers("sink.bootstrap_servers", &sink.bootstrap_servers);
@@ -2009,7 +2057,7 @@ fn check_topic_name(name: &str) -> Result<(), &'static str> {
 }
 
 /// Whether two server lists name the same brokers, whatever their order, case or spacing.
-fn same_cluster(a: &str, b: &str) -> bool {
+pub(crate) fn same_cluster(a: &str, b: &str) -> bool {
     let brokers = |s: &str| -> BTreeSet<String> {
         s.split(',')
             .map(|b| b.trim().to_ascii_lowercase())
@@ -2189,6 +2237,7 @@ mod tests {
             [source]
             bootstrap_servers = "src-1:9092"
             topic_pattern = "orders\\..*"
+            topic_exclude = "orders\\.internal\\..*"
             start = "timestamp:1700000000000"
             on_offset_out_of_range = "earliest"
 
@@ -2204,6 +2253,8 @@ mod tests {
             on_bad_record = "dead-letter"
             dead_letter_topic = "mirror.{source_topic}.refused"
             max_in_flight_bytes = 4194304
+            replication_factor = 3
+            topic_config_exclude = ["segment.*"]
 
             [sink.kafka]
             "compression.type" = "zstd"
@@ -2242,6 +2293,7 @@ mod tests {
                 bootstrap_servers: "src-1:9092".into(),
                 topics: vec![],
                 topic_pattern: Some(r"orders\..*".into()),
+                topic_exclude: Some(r"orders\.internal\..*".into()),
                 start: StartPosition::Timestamp(1_700_000_000_000),
                 on_offset_out_of_range: OutOfRange::Earliest,
                 kafka: [
@@ -2259,6 +2311,8 @@ mod tests {
                 on_bad_record: OnBadRecord::DeadLetter,
                 dead_letter_topic: "mirror.{source_topic}.refused".into(),
                 max_in_flight_bytes: 4 * 1024 * 1024,
+                replication_factor: Some(3),
+                topic_config_exclude: vec!["segment.*".into()],
                 kafka: [
                     ("compression.type", "zstd"),
                     ("linger.ms", "5"),
@@ -3377,6 +3431,7 @@ mod tests {
                 "bootstrap_servers",
                 "topics",
                 "topic_pattern",
+                "topic_exclude",
                 "start",
                 "on_offset_out_of_range"
             ]

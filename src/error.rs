@@ -168,6 +168,11 @@ pub enum BridgeError {
     )]
     IdentityRestart { changes: String, topics: String },
 
+    /// Existing sink topics that would lose or refuse records their source topics keep (see
+    /// `mirror::judge`); each entry names the topic, the setting and the fix.
+    #[error("sink topics unfit for their source topics: {breaches}")]
+    SinkTopicUnfit { breaches: String },
+
     #[error("{0}")]
     Setup(String),
 }
@@ -223,6 +228,7 @@ impl BridgeError {
             | BridgeError::MarkerPartitionUnstable { .. }
             | BridgeError::SourceTopicsMissing { .. }
             | BridgeError::IdentityChanged(_)
+            | BridgeError::SinkTopicUnfit { .. }
             | BridgeError::Setup(_) => Action::Stop,
         }
     }
@@ -245,7 +251,7 @@ impl BridgeError {
     }
 
     /// Every value `reason()` can return, so that metrics can show each at zero from the start.
-    pub const REASONS: [&'static str; 14] = [
+    pub const REASONS: [&'static str; 15] = [
         "kafka_error",
         "delivery_error",
         "checkpoint_timeout",
@@ -259,6 +265,7 @@ impl BridgeError {
         "config",
         "marker_topic_shared",
         "marker_partition_unstable",
+        "sink_topic_unfit",
         "setup",
     ];
 
@@ -283,6 +290,7 @@ impl BridgeError {
             BridgeError::Config(_) => "config",
             BridgeError::MarkerTopicShared { .. } => "marker_topic_shared",
             BridgeError::MarkerPartitionUnstable { .. } => "marker_partition_unstable",
+            BridgeError::SinkTopicUnfit { .. } => "sink_topic_unfit",
             BridgeError::Setup(_) => "setup",
         }
     }
@@ -291,7 +299,7 @@ impl BridgeError {
     /// never work (fix the file or the environment), 1 for everything else.
     pub fn exit_code(&self) -> u8 {
         match self {
-            BridgeError::Config(_) => 2,
+            BridgeError::Config(_) | BridgeError::SinkTopicUnfit { .. } => 2,
             _ => 1,
         }
     }

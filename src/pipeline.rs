@@ -24,7 +24,7 @@ use tracing::{error, info, warn};
 
 use crate::admin::Admin;
 use crate::checkpoint::{Checkpoint, CheckpointState, CheckpointStore};
-use crate::config::{Config, Delivery, OnBadRecord, OutOfRange, Partitioning, StartPosition};
+use crate::config::{Config, Delivery, OnBadRecord, OutOfRange, StartPosition};
 use crate::error::{Action, BadRecordStop, BridgeError, Result};
 use crate::failpoint;
 use crate::identity::{self, Identity};
@@ -44,6 +44,7 @@ use crate::status::{self, PartitionStatus, RunState, SharedStatus};
 use crate::transform::Router;
 
 mod identity_checks;
+mod sink_topics;
 
 /// How often the source is asked for new partitions and (with a pattern) new topics.
 const DISCOVERY_INTERVAL: Duration = Duration::from_secs(10);
@@ -310,6 +311,8 @@ struct Pipeline<'a> {
     cfg: Arc<Config>,
     shared: &'a Shared,
     admin: Admin,
+    /// Reads source topic configs, which new sink topics copy and existing ones are judged by.
+    source_admin: Admin,
     store: Arc<CheckpointStore>,
     commands: Receiver<Command>,
     restore: Option<Restore>,
@@ -371,7 +374,15 @@ impl<'a> Pipeline<'a> {
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect();
-        let admin = Admin::new(&cfg.sink.bootstrap_servers, &sink_kafka)?;
+        let admin = Admin::new(&cfg.sink.bootstrap_servers, &sink_kafka)?
+            .with_replication_factor(cfg.sink.replication_factor);
+        let source_kafka: Vec<(String, String)> = cfg
+            .source
+            .kafka
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        let source_admin = Admin::new(&cfg.source.bootstrap_servers, &source_kafka)?;
         let exactly_once = cfg.bridge.delivery == Delivery::ExactlyOnce;
 
         let transient = |e: &BridgeError| e.is_transient();
@@ -477,6 +488,7 @@ impl<'a> Pipeline<'a> {
             cfg,
             shared,
             admin,
+            source_admin,
             store,
             commands,
             restore,
@@ -542,34 +554,8 @@ impl<'a> Pipeline<'a> {
             }
             changed = true;
             let sink_topic = self.router.sink_topic(topic).to_string();
-            let existing = self.admin.partitions(&sink_topic)?;
-            let n = match existing {
-                Some(n) => n,
-                None => {
-                    self.shared.runtime.block_on(self.admin.create_topic(
-                        &sink_topic,
-                        *partitions,
-                        &[],
-                    ))?;
-                    *partitions
-                }
-            };
-            // `preserve` writes source partition p to sink partition p: the sink grows with the source.
-            let n = if self.cfg.sink.partitioning == Partitioning::Preserve && n < *partitions {
-                self.shared
-                    .runtime
-                    .block_on(self.admin.add_partitions(&sink_topic, *partitions))
-                    .map_err(|e| {
-                        BridgeError::Setup(format!(
-                            "sink topic '{sink_topic}' has {n} partitions but source topic '{topic}' has \
-                             {partitions}, and sink.partitioning = \"preserve\" needs at least as many: {e}"
-                        ))
-                    })?;
-                self.sink.refresh_metadata(&sink_topic);
-                *partitions
-            } else {
-                n
-            };
+            let first = !self.topics.contains_key(topic);
+            let n = self.ensure_sink_topic(topic, *partitions, &sink_topic, first)?;
             self.router.set_sink_partitions(&sink_topic, n);
             self.fit_batches_to(&sink_topic)?;
             self.shared

@@ -17,7 +17,7 @@ use rdkafka::statistics::Statistics;
 use rdkafka::{ClientContext, Offset, TopicPartitionList};
 use regex::Regex;
 
-use crate::config::{Config, StartPosition};
+use crate::config::{Config, OnBadRecord, StartPosition, SOURCE_TOPIC_PLACEHOLDER};
 use crate::error::{is_auth, BridgeError, Result};
 use crate::positions::Positions;
 
@@ -56,9 +56,72 @@ enum Selector {
     Pattern(Regex),
 }
 
+/// Which topics are read: the listed ones; or those the pattern matches, minus
+/// `source.topic_exclude`'s and (on one cluster) the bridge's own output, which a pattern would
+/// otherwise feed back to it. (An exclusion that hits a listed topic is a config error.)
+struct Selection {
+    selector: Selector,
+    exclude: Option<Regex>,
+    /// Topics the bridge writes on the source cluster: its marker topic, and the sink and
+    /// dead-letter topic templates (rendered per topic seen). Empty across clusters.
+    own: Option<OwnOutput>,
+}
+
+struct OwnOutput {
+    marker_topic: String,
+    sink_template: String,
+    dead_letter_template: Option<String>,
+}
+
+impl Selection {
+    fn new(cfg: &Config) -> Result<Selection> {
+        let regex = |key: &str, p: &str| {
+            Regex::new(&format!("^(?:{p})$")).map_err(|e| BridgeError::Setup(format!("{key}: {e}")))
+        };
+        let selector = match &cfg.source.topic_pattern {
+            Some(p) => Selector::Pattern(regex("source.topic_pattern", p)?),
+            None => Selector::List(cfg.source.topics.clone()),
+        };
+        let exclude = match &cfg.source.topic_exclude {
+            Some(p) => Some(regex("source.topic_exclude", p)?),
+            None => None,
+        };
+        let own =
+            crate::config::same_cluster(&cfg.source.bootstrap_servers, &cfg.sink.bootstrap_servers)
+                .then(|| OwnOutput {
+                    marker_topic: cfg.sink.marker_topic.clone(),
+                    sink_template: cfg.sink.topic.clone(),
+                    dead_letter_template: (cfg.sink.on_bad_record == OnBadRecord::DeadLetter)
+                        .then(|| cfg.sink.dead_letter_topic.clone()),
+                });
+        Ok(Selection {
+            selector,
+            exclude,
+            own,
+        })
+    }
+
+    /// Whether `name` is one of the bridge's own output topics, given every topic the cluster has.
+    fn is_own(&self, name: &str, seen: &[TopicMetadata]) -> bool {
+        let Some(own) = &self.own else {
+            return false;
+        };
+        let render = |template: &str, t: &str| template.replace(SOURCE_TOPIC_PLACEHOLDER, t);
+        name == own.marker_topic
+            || seen.iter().any(|t| {
+                t.name != name
+                    && (render(&own.sink_template, &t.name) == name
+                        || own
+                            .dead_letter_template
+                            .as_deref()
+                            .is_some_and(|d| render(d, &t.name) == name))
+            })
+    }
+}
+
 pub struct Source {
     consumer: BaseConsumer<SourceContext>,
-    selector: Selector,
+    selection: Selection,
     instance: u32,
     instances: u32,
 }
@@ -84,16 +147,9 @@ impl Source {
         let consumer: BaseConsumer<SourceContext> = cc
             .create_with_context(SourceContext::default())
             .map_err(|e| BridgeError::kafka("create source consumer", e))?;
-        let selector = match &cfg.source.topic_pattern {
-            Some(p) => Selector::Pattern(
-                Regex::new(&format!("^(?:{p})$"))
-                    .map_err(|e| BridgeError::Setup(format!("source.topic_pattern: {e}")))?,
-            ),
-            None => Selector::List(cfg.source.topics.clone()),
-        };
         Ok(Source {
             consumer,
-            selector,
+            selection: Selection::new(cfg)?,
             instance: cfg.bridge.instance,
             instances: cfg.bridge.instances,
         })
@@ -116,7 +172,7 @@ impl Source {
                 partitions: t.partitions().len() as i32,
             })
             .collect();
-        select_topics(&self.selector, &seen)
+        select_topics(&self.selection, &seen)
     }
 
     /// The source cluster's id and the ids of those of `topics` that exist.
@@ -232,13 +288,22 @@ struct TopicMetadata {
 /// The topics the selector wants among those the cluster reported. A listed topic the cluster
 /// does not know is missing; one it knows but reports an error for (or without partitions) is
 /// unavailable for now; one the bridge may not describe is an authorization failure.
-fn select_topics(selector: &Selector, seen: &[TopicMetadata]) -> Result<BTreeMap<String, i32>> {
+fn select_topics(selection: &Selection, seen: &[TopicMetadata]) -> Result<BTreeMap<String, i32>> {
+    let selector = &selection.selector;
     let mut found = BTreeMap::new();
     let mut unavailable = Vec::new();
     for t in seen {
         let wanted = match selector {
             Selector::List(list) => list.contains(&t.name),
-            Selector::Pattern(re) => !t.name.starts_with("__") && re.is_match(&t.name),
+            Selector::Pattern(re) => {
+                !t.name.starts_with("__")
+                    && re.is_match(&t.name)
+                    && !selection
+                        .exclude
+                        .as_ref()
+                        .is_some_and(|x| x.is_match(&t.name))
+                    && !selection.is_own(&t.name, seen)
+            }
         };
         if !wanted {
             continue;
@@ -290,7 +355,7 @@ mod tests {
 
     #[test]
     fn listed_topics_are_found_missing_or_unavailable() {
-        let list = Selector::List(vec!["a".into(), "b".into()]);
+        let list = only(Selector::List(vec!["a".into(), "b".into()]));
         let ok = select_topics(
             &list,
             &[md("a", None, 3), md("b", None, 1), md("c", None, 2)],
@@ -348,7 +413,7 @@ mod tests {
 
     #[test]
     fn a_pattern_skips_topics_in_error_and_internal_topics() {
-        let re = Selector::Pattern(Regex::new("^(?:t.*|__.*)$").unwrap());
+        let re = only(Selector::Pattern(Regex::new("^(?:t.*|__.*)$").unwrap()));
         let found = select_topics(
             &re,
             &[
@@ -362,6 +427,39 @@ mod tests {
         assert_eq!(
             found.into_iter().collect::<Vec<_>>(),
             [("t1".to_string(), 2)]
+        );
+    }
+
+    fn only(selector: Selector) -> Selection {
+        Selection {
+            selector,
+            exclude: None,
+            own: None,
+        }
+    }
+
+    #[test]
+    fn exclusions_and_own_output_are_never_selected() {
+        let selection = Selection {
+            selector: Selector::Pattern(Regex::new("^(?:orders.*)$").unwrap()),
+            exclude: Some(Regex::new("^(?:orders\\.tmp.*)$").unwrap()),
+            own: Some(OwnOutput {
+                marker_topic: "orders.markers".into(),
+                sink_template: "{source_topic}-copy".into(),
+                dead_letter_template: Some("{source_topic}-dlq".into()),
+            }),
+        };
+        let seen = [
+            md("orders.eu", None, 2),
+            md("orders.eu-copy", None, 2),
+            md("orders.eu-dlq", None, 2),
+            md("orders.markers", None, 1),
+            md("orders.tmp1", None, 1),
+        ];
+        let found = select_topics(&selection, &seen).unwrap();
+        assert_eq!(
+            found.into_iter().collect::<Vec<_>>(),
+            [("orders.eu".to_string(), 2)]
         );
     }
 
