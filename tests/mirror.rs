@@ -1,0 +1,471 @@
+//! Mirror-grade sink topics on real brokers: a compacted source topic with tombstones, keys and
+//! headers is bridged to a sink topic the bridge creates like it (partitions, copied configs minus
+//! the excluded ones, sink.replication_factor), judged by Kafka's TopicCommand and its
+//! read_committed console consumer; partitions added to the source while running reach the sink;
+//! an unfit existing sink topic is reported by `check` and refused at start; source.topic_exclude
+//! and the bridge's own output are never read by a pattern.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::process::{Command, Output, Stdio};
+use std::time::Duration;
+
+use rdkafka::admin::{AdminClient, AdminOptions, NewPartitions, NewTopic, TopicReplication};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::config::ClientConfig;
+use rdkafka::message::{Header, OwnedHeaders};
+use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
+
+use common::bridge::*;
+use common::*;
+
+const NULL: &str = "<tombstone>";
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+fn admin(bootstrap: &str) -> AdminClient<DefaultClientContext> {
+    ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .create()
+        .expect("admin client")
+}
+
+/// Creates a topic with topic configs through the admin API (a JVM start per topic would eat the
+/// time budget); what is judged afterwards is read with Kafka's own tools.
+fn make_topic(bootstrap: &str, topic: &str, partitions: i32, configs: &[(&str, &str)]) {
+    let mut nt = NewTopic::new(topic, partitions, TopicReplication::Fixed(1));
+    for (k, v) in configs {
+        nt = nt.set(k, v);
+    }
+    let res = runtime()
+        .block_on(admin(bootstrap).create_topics(&[nt], &AdminOptions::new()))
+        .expect("create_topics");
+    for r in res {
+        r.unwrap_or_else(|(t, code)| panic!("creating {t}: {code:?}"));
+    }
+    let client = admin(bootstrap);
+    let ok = wait_until(Duration::from_secs(15), || {
+        client
+            .inner()
+            .fetch_metadata(Some(topic), Duration::from_secs(2))
+            .ok()
+            .and_then(|md| {
+                md.topics()
+                    .first()
+                    .map(|t| t.error().is_none() && t.partitions().len() == partitions as usize)
+            })
+            .unwrap_or(false)
+    });
+    assert!(ok, "topic {topic} not visible with {partitions} partitions");
+}
+
+fn grow_topic(bootstrap: &str, topic: &str, partitions: usize) {
+    let res = runtime()
+        .block_on(admin(bootstrap).create_partitions(
+            &[NewPartitions::new(topic, partitions)],
+            &AdminOptions::new(),
+        ))
+        .expect("create_partitions");
+    for r in res {
+        r.unwrap_or_else(|(t, code)| panic!("growing {t}: {code:?}"));
+    }
+}
+
+fn producer(bootstrap: &str) -> ThreadedProducer<DefaultProducerContext> {
+    ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .set("enable.idempotence", "true")
+        .set("linger.ms", "5")
+        .create()
+        .expect("producer")
+}
+
+/// Record `i` of a partition: key k(i mod 13), a header n=i, value v<i>, except every fifth a
+/// tombstone (no value) and record 1 an empty value, which must stay empty and not become null.
+fn produce_keyed(bootstrap: &str, topic: &str, partition: i32, from: u32, count: u32) {
+    let p = producer(bootstrap);
+    for i in from..from + count {
+        let key = format!("k{}", i % 13);
+        let n = i.to_string();
+        let value = format!("v{i}");
+        let headers = OwnedHeaders::new().insert(Header {
+            key: "n",
+            value: Some(n.as_str()),
+        });
+        let mut record = BaseRecord::<str, str>::to(topic)
+            .partition(partition)
+            .key(&key)
+            .headers(headers);
+        if i == 1 {
+            record = record.payload("");
+        } else if i % 5 != 3 {
+            record = record.payload(&value);
+        }
+        p.send(record)
+            .unwrap_or_else(|(e, _)| panic!("producing: {e}"));
+    }
+    p.flush(Duration::from_secs(20)).expect("flush");
+}
+
+/// One record as Kafka's console consumer prints it with headers and a marker for null values.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Full {
+    key: String,
+    headers: String,
+    value: String,
+}
+
+/// Reads a whole topic with Kafka's console consumer (read_committed when asked), showing null
+/// values as [`NULL`]; records per partition in offset order.
+fn consume_full(bootstrap: &str, topic: &str, read_committed: bool) -> BTreeMap<i32, Vec<Full>> {
+    let isolation = if read_committed {
+        "read_committed"
+    } else {
+        "read_uncommitted"
+    };
+    let out = Command::new(kafka_script())
+        .args([
+            "tool",
+            "ConsoleConsumer",
+            "--bootstrap-server",
+            bootstrap,
+            "--topic",
+            topic,
+            "--from-beginning",
+            "--isolation-level",
+            isolation,
+            "--timeout-ms",
+            "4000",
+        ])
+        .args([
+            "--property",
+            "print.partition=true",
+            "--property",
+            "print.offset=true",
+            "--property",
+            "print.headers=true",
+            "--property",
+            "print.key=true",
+            "--property",
+            "key.separator=|",
+            "--property",
+            &format!("null.literal={NULL}"),
+        ])
+        .stderr(Stdio::null())
+        .output()
+        .expect("console consumer runs");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let mut rows: Vec<(i32, i64, Full)> = text
+        .lines()
+        .filter(|l| l.starts_with("Partition:"))
+        .map(|l| {
+            let f: Vec<&str> = l.splitn(5, '|').collect();
+            assert_eq!(f.len(), 5, "unexpected console line {l:?}");
+            (
+                f[0].trim_start_matches("Partition:").parse().unwrap(),
+                f[1].trim_start_matches("Offset:").parse().unwrap(),
+                Full {
+                    headers: f[2].to_string(),
+                    key: f[3].to_string(),
+                    value: f[4].to_string(),
+                },
+            )
+        })
+        .collect();
+    rows.sort_by_key(|(p, o, _)| (*p, *o));
+    let mut map: BTreeMap<i32, Vec<Full>> = BTreeMap::new();
+    for (p, _, r) in rows {
+        map.entry(p).or_default().push(r);
+    }
+    map
+}
+
+/// Partition count, replication factor and the non-default configs of a topic, as Kafka's
+/// TopicCommand describes them.
+fn describe(bootstrap: &str, topic: &str) -> (i32, i32, BTreeMap<String, String>) {
+    let out = kafka_tool(
+        "TopicCommand",
+        &[
+            "--bootstrap-server",
+            bootstrap,
+            "--describe",
+            "--topic",
+            topic,
+        ],
+    );
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    let head = text
+        .lines()
+        .find(|l| l.contains("PartitionCount:"))
+        .unwrap_or_else(|| panic!("no description of {topic}: {text}"));
+    let field = |name: &str| -> String {
+        head.split('\t')
+            .find_map(|f| f.trim().strip_prefix(name))
+            .map(|v| v.trim().to_string())
+            .unwrap_or_default()
+    };
+    let configs = field("Configs:")
+        .split(',')
+        .filter_map(|kv| kv.split_once('='))
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    (
+        field("PartitionCount:").parse().unwrap(),
+        field("ReplicationFactor:").parse().unwrap(),
+        configs,
+    )
+}
+
+/// Writes the spec's config, edited by `edit`, and returns its path.
+fn config_file(home: &BridgeHome, port: u16, edit: &dyn Fn(String) -> String) -> String {
+    let path = home.dir.path().join(format!("bridge-{port}.toml"));
+    std::fs::write(&path, edit(home.spec.toml(&home.state_dir(), port))).unwrap();
+    path.to_str().unwrap().to_string()
+}
+
+/// Starts the bridge with the spec's config edited by `edit` (keys the harness does not render).
+fn start_edited(home: &BridgeHome, edit: &dyn Fn(String) -> String) -> Bridge {
+    let port = free_port();
+    let cfg = config_file(home, port, edit);
+    let log = home.dir.path().join(format!("bridge-{port}.log"));
+    let log_file = std::fs::File::create(&log).unwrap();
+    let child = Command::new(env!("CARGO_BIN_EXE_eos-bridge"))
+        .args(["run", "--config", &cfg])
+        .env("EOS_BRIDGE_LOG", "info,librdkafka=warn,rdkafka=warn")
+        .stdin(Stdio::null())
+        .stdout(log_file.try_clone().unwrap())
+        .stderr(log_file)
+        .spawn()
+        .expect("eos-bridge starts");
+    Bridge { child, port, log }
+}
+
+fn check(home: &BridgeHome, edit: &dyn Fn(String) -> String) -> Output {
+    let cfg = config_file(home, free_port(), edit);
+    Command::new(env!("CARGO_BIN_EXE_eos-bridge"))
+        .args(["check", "--config", &cfg])
+        .env("EOS_BRIDGE_LOG", "warn,librdkafka=off,rdkafka=off")
+        .output()
+        .expect("eos-bridge check runs")
+}
+
+/// Adds `lines` to the [sink] section.
+fn sink_keys(lines: &str) -> impl Fn(String) -> String + '_ {
+    move |toml: String| toml.replacen("[sink]\n", &format!("[sink]\n{lines}\n"), 1)
+}
+
+#[test]
+fn a_compacted_source_is_mirrored_with_its_configs_tombstones_and_new_partitions() {
+    let _serial = serial();
+    let (source, sink) = (bootstrap(), second_bootstrap());
+    let input = unique("compacted");
+    let output = unique("compacted-copy");
+    make_topic(
+        source,
+        &input,
+        2,
+        &[
+            ("cleanup.policy", "compact"),
+            ("retention.ms", "123456789"),
+            ("max.message.bytes", "2000000"),
+            ("compression.type", "lz4"),
+            // Keeps both sides uncompacted while the test reads them whole.
+            ("min.compaction.lag.ms", "3600000"),
+            ("segment.ms", "7200000"),
+            // Excluded: never copied.
+            ("unclean.leader.election.enable", "true"),
+            ("min.insync.replicas", "1"),
+        ],
+    );
+    produce_keyed(source, &input, 0, 0, 60);
+    produce_keyed(source, &input, 1, 0, 40);
+
+    let home = BridgeHome::new(BridgeSpec {
+        sink_bootstrap: sink.to_string(),
+        ..BridgeSpec::new(&input, &output)
+    });
+    let mut bridge = start_edited(
+        &home,
+        &sink_keys("replication_factor = 1\ntopic_config_exclude = [\"segment.*\"]"),
+    );
+    bridge.wait_committed(100, Duration::from_secs(40));
+
+    let (partitions, replicas, configs) = describe(sink, &output);
+    assert_eq!((partitions, replicas), (2, 1), "{configs:?}");
+    for (k, v) in [
+        ("cleanup.policy", "compact"),
+        ("retention.ms", "123456789"),
+        ("max.message.bytes", "2000000"),
+        ("compression.type", "lz4"),
+        ("min.compaction.lag.ms", "3600000"),
+    ] {
+        assert_eq!(
+            configs.get(k).map(String::as_str),
+            Some(v),
+            "{k} not copied: {configs:?}"
+        );
+    }
+    for k in ["unclean.leader.election.enable", "segment.ms"] {
+        assert!(!configs.contains_key(k), "{k} copied: {configs:?}");
+    }
+
+    // A partition added at the source while the bridge runs is added at the sink and bridged.
+    grow_topic(source, &input, 3);
+    produce_keyed(source, &input, 2, 0, 30);
+    produce_keyed(source, &input, 0, 60, 10);
+    bridge.wait_committed(140, Duration::from_secs(40));
+    assert!(bridge.stop_gracefully(Duration::from_secs(30)).success());
+    let (partitions, _, _) = describe(sink, &output);
+    assert_eq!(partitions, 3);
+
+    // Exactly once, with keys, headers, tombstones and the empty value as they were.
+    let want = consume_full(source, &input, true);
+    let got = consume_full(sink, &output, true);
+    let count = |m: &BTreeMap<i32, Vec<Full>>| m.values().map(Vec::len).sum::<usize>();
+    assert_eq!(count(&want), 140, "source read back whole");
+    let tombstones = got.values().flatten().filter(|r| r.value == NULL).count();
+    assert_eq!(tombstones, 28, "tombstones at the sink");
+    let empty = got
+        .values()
+        .flatten()
+        .filter(|r| r.value.is_empty())
+        .count();
+    assert_eq!(empty, 3, "empty values stay empty (one per partition)");
+    assert!(
+        got.values().flatten().all(|r| r.headers.starts_with("n:")),
+        "headers kept"
+    );
+    for (p, records) in &want {
+        let sunk = got.get(p).map(Vec::as_slice).unwrap_or_default();
+        assert_eq!(
+            sunk.len(),
+            records.len(),
+            "partition {p}: source {} records, sink {}",
+            records.len(),
+            sunk.len()
+        );
+        assert_eq!(sunk, records.as_slice(), "partition {p} differs");
+    }
+    assert_eq!(got.len(), want.len());
+}
+
+#[test]
+fn an_unfit_existing_sink_topic_is_reported_by_check_and_refused_at_start() {
+    let _serial = serial();
+    let b = bootstrap();
+    let input = unique("unfit");
+    let output = unique("unfit-copy");
+    make_topic(b, &input, 2, &[("cleanup.policy", "compact")]);
+    make_topic(
+        b,
+        &output,
+        1,
+        &[("cleanup.policy", "delete"), ("retention.ms", "3600000")],
+    );
+    let home = BridgeHome::new(BridgeSpec::new(&input, &output));
+    let keep = |t: String| t;
+
+    let out = check(&home, &keep);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(!out.status.success(), "check must fail:\n{text}");
+    let row = format!("sink topic {output}");
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with(&row) && l.contains("FAIL") && l.contains("cleanup.policy")),
+        "{text}"
+    );
+    assert!(text.contains("cleanup.policy=[compact]"), "{text}");
+    assert!(
+        text.lines().any(|l| l.starts_with(&row)
+            && l.contains("warn")
+            && l.contains("has 1 partitions but source topic")),
+        "{text}"
+    );
+
+    let mut bridge = start_edited(&home, &keep);
+    let status = bridge
+        .wait_exit(Duration::from_secs(40))
+        .expect("an unfit sink topic stops start-up");
+    let log = bridge.log_text();
+    assert_eq!(status.code(), Some(2), "{log}");
+    assert!(
+        log.contains(&output) && log.contains("cleanup.policy") && log.contains("kafka-configs"),
+        "{log}"
+    );
+
+    // More replicas than the sink cluster has brokers: a clear error naming the key, no topic.
+    let fresh = unique("unfit-rf");
+    let home = BridgeHome::new(BridgeSpec::new(&input, &fresh));
+    let mut bridge = start_edited(&home, &sink_keys("replication_factor = 3"));
+    let status = bridge
+        .wait_exit(Duration::from_secs(40))
+        .expect("an impossible replication factor stops start-up");
+    let log = bridge.log_text();
+    assert_eq!(status.code(), Some(2), "{log}");
+    assert!(log.contains("sink.replication_factor"), "{log}");
+    let md = admin(b)
+        .inner()
+        .fetch_metadata(Some(&fresh), Duration::from_secs(5))
+        .unwrap();
+    assert!(
+        md.topics()
+            .first()
+            .is_none_or(|t| t.partitions().is_empty()),
+        "no sink topic may be created"
+    );
+}
+
+#[test]
+fn topic_exclude_and_the_bridges_own_output_are_never_read() {
+    let _serial = serial();
+    let b = bootstrap();
+    let prefix = unique("pat");
+    let (kept, skipped) = (format!("{prefix}.kept"), format!("{prefix}.skip1"));
+    make_topic(b, &kept, 1, &[]);
+    make_topic(b, &skipped, 1, &[]);
+    produce_keyed(b, &kept, 0, 0, 20);
+    produce_keyed(b, &skipped, 0, 0, 20);
+    // The pattern matches the sink topics ("<topic>-copy") too: they must not be read back.
+    let home = BridgeHome::new(BridgeSpec::new(&kept, "{source_topic}-copy"));
+    let pattern = format!("{}\\..*", prefix.replace('-', "\\-"));
+    let exclude = format!("{}\\.skip.*", prefix.replace('-', "\\-"));
+    let edit = move |t: String| {
+        t.replacen(
+            &format!("topics = [{kept:?}]"),
+            &format!("topic_pattern = {pattern:?}\ntopic_exclude = {exclude:?}"),
+            1,
+        )
+    };
+    let kept = format!("{prefix}.kept");
+    let mut bridge = start_edited(&home, &edit);
+    bridge.wait_committed(20, Duration::from_secs(40));
+    // A discovery interval (10 s) passes with the copy present: it must not join.
+    let bridged = wait_until(Duration::from_secs(14), || {
+        bridge
+            .status()
+            .and_then(|s| s["partitions"].as_array().map(|p| p.len()))
+            .is_some_and(|n| n != 1)
+    });
+    let status = bridge.status().unwrap();
+    assert!(!bridged, "only {kept} may be read: {status}");
+    assert_eq!(status["partitions"][0]["topic"], kept.as_str(), "{status}");
+    assert!(bridge.stop_gracefully(Duration::from_secs(30)).success());
+
+    let md = admin(b)
+        .inner()
+        .fetch_metadata(None, Duration::from_secs(5))
+        .unwrap();
+    let names: Vec<&str> = md.topics().iter().map(|t| t.name()).collect();
+    assert!(names.contains(&format!("{kept}-copy").as_str()));
+    for absent in [format!("{skipped}-copy"), format!("{kept}-copy-copy")] {
+        assert!(!names.contains(&absent.as_str()), "{absent} exists");
+    }
+    let got = consume_full(b, &format!("{kept}-copy"), true);
+    assert_eq!(got.values().map(Vec::len).sum::<usize>(), 20);
+}
