@@ -2177,6 +2177,49 @@ mod tests {
     }
 
     #[test]
+    fn mirror_keys_are_checked() {
+        let with = |source: &str, sink: &str| {
+            BASE.replace("topics = [\"orders\"]", source)
+                .replace("[sink]\n", &format!("[sink]\n{sink}\n"))
+        };
+        rejects(
+            &with("topics = [\"orders\"]\ntopic_exclude = \"ord.*\"", ""),
+            &[],
+            "source.topic_exclude",
+            &["\"ord.*\"", "\"orders\"", "remove it from the list"],
+        );
+        rejects(
+            &with("topic_pattern = \"o.*\"\ntopic_exclude = \"(\"", ""),
+            &[],
+            "source.topic_exclude",
+            &["not a valid regular expression"],
+        );
+        rejects(
+            &with("topics = [\"orders\"]", "replication_factor = 0"),
+            &[],
+            "sink.replication_factor",
+            &["0 is not a replica count", "leave it unset"],
+        );
+        let c = load(
+            &with(
+                "topic_pattern = \"o.*\"\ntopic_exclude = \"o\\\\.tmp.*\"",
+                "replication_factor = 3\ntopic_config_exclude = [\"segment.*\"]",
+            ),
+            &[(
+                "EOS_BRIDGE__SINK__TOPIC_CONFIG_EXCLUDE",
+                "segment.*,preallocate",
+            )],
+        )
+        .unwrap();
+        assert_eq!(c.source.topic_exclude.as_deref(), Some("o\\.tmp.*"));
+        assert_eq!(c.sink.replication_factor, Some(3));
+        assert_eq!(c.sink.topic_config_exclude, ["segment.*", "preallocate"]);
+        let c = load(BASE, &[]).unwrap();
+        assert_eq!(c.sink.replication_factor, None);
+        assert!(c.sink.topic_config_exclude.is_empty() && c.source.topic_exclude.is_none());
+    }
+
+    #[test]
     fn example_file_documents_every_key() {
         let text = std::fs::read_to_string(repo_file("eos-bridge.toml")).unwrap();
         let lines: Vec<&str> = text.lines().map(|l| l.trim_start_matches("# ")).collect();
