@@ -222,7 +222,9 @@ pub fn judge(
             alter(sink_topic, &format!("cleanup.policy={source_policy}")),
         );
     }
-    if sink.deletes() {
+    // A compacted source into a non-compacted sink is reported above, with the fix that makes the
+    // sink's retention moot.
+    if sink.deletes() && (sink.compacted() || !source.compacted()) {
         let source_ms = if source.deletes() {
             finite(source.number("retention.ms"))
         } else {
@@ -344,13 +346,25 @@ mod tests {
             &[("cleanup.policy", "delete"), ("retention.ms", "604800000")],
         );
         let b = judge("s", "k", &source, &sink);
-        assert_eq!(b.len(), 2, "{b:?}");
+        assert_eq!(b.len(), 1, "{b:?}");
         assert_eq!(b[0].severity, Severity::Refuse);
         assert_eq!(b[0].setting, "cleanup.policy");
         assert!(b[0].fix.contains("cleanup.policy=[compact]"), "{}", b[0]);
-        // Retention at the sink is also shorter than a compacted source's "for good".
-        assert_eq!(b[1].setting, "retention.ms");
-        assert_eq!(b[1].severity, Severity::Warn);
+        // compact,delete keeps the source's retention: a shorter one at the sink is a warning.
+        let both = configs(
+            &[("cleanup.policy", "compact,delete"), ("retention.ms", "10")],
+            &[],
+        );
+        let sink = configs(
+            &[("cleanup.policy", "compact,delete"), ("retention.ms", "5")],
+            &[],
+        );
+        let b = judge("s", "k", &both, &sink);
+        assert_eq!(b.len(), 1, "{b:?}");
+        assert_eq!(
+            (b[0].setting, b[0].severity),
+            ("retention.ms", Severity::Warn)
+        );
 
         let forever = configs(&[("retention.ms", "-1")], &[("cleanup.policy", "delete")]);
         let b = judge("s", "k", &source, &forever);
