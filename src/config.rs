@@ -987,9 +987,7 @@ impl Report {
             {
                 continue;
             }
-            let mut found = Vec::new();
-            rule(config, &mut found);
-            for ConfigError { key, message } in found {
+            for ConfigError { key, message } in rule(config) {
                 self.fail(&key, message);
             }
         }
@@ -1063,100 +1061,92 @@ fn env_name<S: AsRef<str>>(path: impl IntoIterator<Item = S>) -> String {
     name
 }
 
-/// A rule pushes an error for each way `config` breaks it.
-type Rule = fn(&Config, &mut Vec<ConfigError>);
+/// What a rule found wrong, each error on its key.
+type Found = Vec<ConfigError>;
 
-/// Every rule of a valid configuration, with the keys it reads: a rule is skipped when one of
-/// them did not parse. In the order the errors are reported.
-const RULES: &[(&[&str], Rule)] = &[
+/// Every rule, with the keys it reads: a rule is skipped when one of them did not parse, since
+/// judged on a stand-in default it would report a value never written. Errors come in this order.
+const RULES: &[(&[&str], fn(&Config) -> Found)] = &[
     (&["bridge.id"], bridge_id),
-    (&["bridge.instances"], |c, e| {
-        if c.bridge.instances == 0 {
-            e.push(ConfigError::new(
-                "bridge.instances",
-                "0: a bridge runs as at least one instance; use 1 or more",
-            ));
-        }
+    (&["bridge.instances"], |c| {
+        when(c.bridge.instances == 0, "bridge.instances", || {
+            "0: a bridge runs as at least one instance; use 1 or more".into()
+        })
     }),
-    (&["bridge.instance", "bridge.instances"], |c, e| {
-        let b = &c.bridge;
-        if b.instances > 0 && b.instance >= b.instances {
-            e.push(ConfigError::new(
-                "bridge.instance",
-                format!(
-                    "{} is out of range for bridge.instances = {}: instances are numbered 0 to {}; use one of those numbers or raise bridge.instances",
-                    b.instance,
-                    b.instances,
-                    b.instances - 1
-                ),
-            ));
-        }
+    (&["bridge.instance", "bridge.instances"], |c| {
+        let BridgeConfig {
+            instance,
+            instances,
+            ..
+        } = c.bridge;
+        when(
+            instances > 0 && instance >= instances,
+            "bridge.instance",
+            || {
+                let last = instances - 1;
+                format!("{instance} is out of range for bridge.instances = {instances}: instances are numbered 0 to {last}; use one of those numbers or raise bridge.instances")
+            },
+        )
     }),
-    (&["bridge.state_dir"], |c, e| {
-        if c.bridge.state_dir.as_os_str().is_empty() {
-            e.push(ConfigError::new(
-                "bridge.state_dir",
-                r#"is empty: name the directory that holds this instance's checkpoints, e.g. "state""#,
-            ));
-        }
+    (&["bridge.state_dir"], |c| {
+        when(
+            c.bridge.state_dir.as_os_str().is_empty(),
+            "bridge.state_dir",
+            || {
+                r#"is empty: name the directory that holds this instance's checkpoints, e.g. "state""#.into()
+            },
+        )
     }),
-    (&["source.bootstrap_servers"], |c, e| {
-        servers("source.bootstrap_servers", &c.source.bootstrap_servers, e);
+    (&["source.bootstrap_servers"], |c| {
+        servers("source.bootstrap_servers", &c.source.bootstrap_servers)
     }),
-    (&["source.topic_pattern"], |c, e| {
-        if let Some(Err(error)) = c.source.topic_pattern.as_deref().map(anchored) {
-            e.push(ConfigError::new(
-                "source.topic_pattern",
-                format!(
-                    "{:?} is not a valid regular expression ({}): fix the syntax; it must match whole topic names",
-                    c.source.topic_pattern.as_deref().unwrap_or_default(),
-                    regex_reason(&error)
-                ),
-            ));
-        }
+    (&["source.topic_pattern"], |c| {
+        let pattern = c.source.topic_pattern.as_deref().unwrap_or_default();
+        let Err(e) = anchored(pattern) else {
+            return vec![];
+        };
+        let why = regex_reason(&e);
+        let message = format!("{pattern:?} is not a valid regular expression ({why}): fix the syntax; it must match whole topic names");
+        vec![ConfigError::new("source.topic_pattern", message)]
     }),
-    (&["source.topics"], |c, e| {
-        for topic in &c.source.topics {
-            if let Err(why) = check_topic_name(topic) {
-                let message = format!("{topic:?} {why}: fix the topic's name");
-                e.push(ConfigError::new("source.topics", message));
-            }
-        }
+    (&["source.topics"], |c| {
+        let bad = c
+            .source
+            .topics
+            .iter()
+            .filter_map(|t| Some((t, check_topic_name(t).err()?)));
+        let message = |(topic, why)| format!("{topic:?} {why}: fix the topic's name");
+        bad.map(|bad| ConfigError::new("source.topics", message(bad)))
+            .collect()
     }),
     (&["source.topics", "source.topic_pattern"], source_topics),
-    (&["sink.bootstrap_servers"], |c, e| {
+    (&["sink.bootstrap_servers"], |c| {
         // Unset, the sink's servers are the source's: one error about them is enough.
-        if c.sink.bootstrap_servers != c.source.bootstrap_servers {
-            servers("sink.bootstrap_servers", &c.sink.bootstrap_servers, e);
+        let (source, sink) = (&c.source.bootstrap_servers, &c.sink.bootstrap_servers);
+        match sink == source {
+            true => vec![],
+            false => servers("sink.bootstrap_servers", sink),
         }
     }),
     (&["sink.topic"], sink_topic_name),
-    (&["sink.marker_topic"], marker_topic_name),
-    (
-        &[
-            "source.topics",
-            "source.topic_pattern",
-            "source.bootstrap_servers",
-            "sink.bootstrap_servers",
-            "sink.topic",
-            "sink.marker_topic",
-        ],
-        own_output,
-    ),
-    (&["sink.on_bad_record", "sink.dead_letter_topic"], |c, e| {
+    (&["sink.marker_topic"], |c| {
+        let Some(Err(why)) = marker_judged(c) else {
+            return vec![];
+        };
+        let (marker, default) = (&c.sink.marker_topic, default_marker_topic(&c.bridge.id));
+        let message = format!("{marker:?} {why}: leave it unset for the default {default:?}");
+        vec![ConfigError::new("sink.marker_topic", message)]
+    }),
+    (TOPICS, own_output),
+    (&["sink.on_bad_record", "sink.dead_letter_topic"], |c| {
         // A dead-letter topic that is never used is a half-finished configuration.
-        let sink = &c.sink;
-        if sink.on_bad_record != OnBadRecord::DeadLetter
-            && sink.dead_letter_topic != DEFAULT_DEAD_LETTER_TOPIC
-        {
-            e.push(ConfigError::new(
-                "sink.dead_letter_topic",
-                format!(
-                    r#"{:?} is set but sink.on_bad_record is "{}", which never writes to it: set on_bad_record = "dead-letter" in [sink], or remove dead_letter_topic"#,
-                    sink.dead_letter_topic, sink.on_bad_record
-                ),
-            ));
-        }
+        let (policy, dlq) = (c.sink.on_bad_record, &c.sink.dead_letter_topic);
+        let unused = policy != OnBadRecord::DeadLetter && dlq != DEFAULT_DEAD_LETTER_TOPIC;
+        when(unused, "sink.dead_letter_topic", || {
+            format!(
+                r#"{dlq:?} is set but sink.on_bad_record is "{policy}", which never writes to it: set on_bad_record = "dead-letter" in [sink], or remove dead_letter_topic"#
+            )
+        })
     }),
     (
         &[
@@ -1164,189 +1154,175 @@ const RULES: &[(&[&str], Rule)] = &[
             "sink.dead_letter_topic",
             "bridge.delivery",
         ],
-        |c, e| {
-            if c.sink.on_bad_record == OnBadRecord::DeadLetter
-                && c.bridge.delivery == Delivery::AtMostOnce
-            {
-                e.push(ConfigError::new(
+        |c| {
+            let at_most_once = c.bridge.delivery == Delivery::AtMostOnce;
+            when(
+                dead_letters(c) && at_most_once,
                 "sink.on_bad_record",
-                r#""dead-letter" cannot work with bridge.delivery = "at-most-once", which checkpoints past an epoch's records before writing them, so a refused record is never read again to be dead-lettered: use on_bad_record = "stop", or exactly-once or at-least-once delivery"#,
-            ));
-            }
+                || {
+                    r#""dead-letter" cannot work with bridge.delivery = "at-most-once", which checkpoints past an epoch's records before writing them, so a refused record is never read again to be dead-lettered: use on_bad_record = "stop", or exactly-once or at-least-once delivery"#.into()
+                },
+            )
         },
     ),
-    (
-        &["sink.on_bad_record", "sink.dead_letter_topic"],
-        dead_letter_name,
-    ),
-    (
-        &[
-            "sink.on_bad_record",
-            "sink.dead_letter_topic",
-            "source.topics",
-            "source.topic_pattern",
-            "sink.topic",
-            "sink.marker_topic",
-        ],
-        dead_letter_clash,
-    ),
-    (&["checkpoint.interval"], |c, e| {
-        positive("checkpoint.interval", c.checkpoint.interval, e);
+    (&["sink.on_bad_record", "sink.dead_letter_topic"], |c| {
+        let (dlq, sample) = (&c.sink.dead_letter_topic, c.dead_letter_topic_for("t"));
+        let Err(why) = check_topic_name(&sample) else {
+            return vec![];
+        };
+        let names = match sample == *dlq {
+            true => String::new(),
+            false => format!(" gives topic names like {sample:?}, which"),
+        };
+        let message = format!(r#"{dlq:?}{names} {why}: use e.g. "{DEFAULT_DEAD_LETTER_TOPIC}""#);
+        when(dead_letters(c), "sink.dead_letter_topic", || message)
     }),
-    (&["checkpoint.timeout"], |c, e| {
-        positive("checkpoint.timeout", c.checkpoint.timeout, e);
+    (DEAD_LETTER_TOPICS, dead_letter_clash),
+    (&["checkpoint.interval"], |c| {
+        positive("checkpoint.interval", c.checkpoint.interval)
     }),
-    (&["checkpoint.max_bytes"], |c, e| {
-        some_bytes(
-            "checkpoint.max_bytes",
-            c.checkpoint.max_bytes,
-            "would end every epoch at its first record",
-            e,
-        );
+    (&["checkpoint.timeout"], |c| {
+        positive("checkpoint.timeout", c.checkpoint.timeout)
     }),
-    (&["sink.max_in_flight_bytes"], |c, e| {
-        some_bytes(
-            "sink.max_in_flight_bytes",
-            c.sink.max_in_flight_bytes,
-            "would let no record be sent",
-            e,
-        );
+    (&["checkpoint.max_bytes"], |c| {
+        let why = "would end every epoch at its first record";
+        some_bytes("checkpoint.max_bytes", c.checkpoint.max_bytes, why)
     }),
-    (&["checkpoint.retain"], |c, e| {
-        if c.checkpoint.retain == 0 {
-            e.push(ConfigError::new(
-                "checkpoint.retain",
-                "0 would keep no checkpoint to recover from: keep at least 1 (3 by default)",
-            ));
-        }
+    (&["sink.max_in_flight_bytes"], |c| {
+        let why = "would let no record be sent";
+        some_bytes("sink.max_in_flight_bytes", c.sink.max_in_flight_bytes, why)
     }),
-    (&["transaction.timeout"], |c, e| {
-        positive("transaction.timeout", c.transaction.timeout, e);
+    (&["checkpoint.retain"], |c| {
+        when(c.checkpoint.retain == 0, "checkpoint.retain", || {
+            "0 would keep no checkpoint to recover from: keep at least 1 (3 by default)".into()
+        })
     }),
-    (&["transaction.timeout", "bridge.delivery"], |c, e| {
+    (&["transaction.timeout"], |c| {
+        positive("transaction.timeout", c.transaction.timeout)
+    }),
+    (&["transaction.timeout", "bridge.delivery"], |c| {
         let txn = c.transaction.timeout;
-        if c.bridge.delivery == Delivery::ExactlyOnce
-            && !txn.is_zero()
-            && transactional(c).is_none()
-        {
-            e.push(ConfigError::new(
-                "transaction.timeout",
-                format!(
-                    "{} is outside librdkafka's range for transaction.timeout.ms, 1s to {}: choose a value in it",
-                    show(txn),
-                    show(MAX_TRANSACTION_TIMEOUT)
-                ),
-            ));
-        }
-    }),
-    (
-        &[
+        let exactly_once = c.bridge.delivery == Delivery::ExactlyOnce;
+        when(
+            exactly_once && !txn.is_zero() && transactional(c).is_none(),
             "transaction.timeout",
-            "bridge.delivery",
-            "checkpoint.interval",
-            "checkpoint.min_pause",
-            "checkpoint.timeout",
-        ],
-        transaction_outlives_epoch,
-    ),
+            || {
+                let (txn, max) = (show(txn), show(MAX_TRANSACTION_TIMEOUT));
+                format!("{txn} is outside librdkafka's range for transaction.timeout.ms, 1s to {max}: choose a value in it")
+            },
+        )
+    }),
+    (EPOCH, transaction_outlives_epoch),
     (
         &["transaction.timeout", "bridge.delivery", "sink.kafka"],
         delivery_timeouts,
     ),
     (&[], passthrough),
-    (&["api.admin_token"], |c, e| {
-        if c.api
+    (&["api.admin_token"], |c| {
+        let empty = c
+            .api
             .admin_token
             .as_ref()
-            .is_some_and(|t| t.expose().is_empty())
-        {
-            e.push(ConfigError::new(
-                "api.admin_token",
-                "is empty: set a long random token, or leave the key out",
-            ));
-        }
+            .is_some_and(|t| t.expose().is_empty());
+        when(empty, "api.admin_token", || {
+            "is empty: set a long random token, or leave the key out".into()
+        })
     }),
-    (&["api.ready_max_age"], |c, e| {
-        if c.api.ready_max_age == Some(Duration::ZERO) {
-            e.push(ConfigError::new(
-                "api.ready_max_age",
+    (&["api.ready_max_age"], |c| {
+        when(
+            c.api.ready_max_age == Some(Duration::ZERO),
+            "api.ready_max_age",
+            || {
+                let default = show(c.checkpoint.default_ready_max_age());
                 format!(
-                    r#""0s" would never report ready: leave it out for the default ({}) or {DURATION_EXAMPLES}"#,
-                    show(c.checkpoint.default_ready_max_age())
-                ),
-            ));
-        }
+                    r#""0s" would never report ready: leave it out for the default ({default}) or {DURATION_EXAMPLES}"#
+                )
+            },
+        )
     }),
-    (&["shutdown.timeout"], |c, e| {
-        if c.shutdown.timeout.is_zero() {
-            e.push(ConfigError::new(
-                "shutdown.timeout",
-                r#""0s" leaves no time to finish the last checkpoint: use e.g. "30s""#,
-            ));
-        }
+    (&["shutdown.timeout"], |c| {
+        when(c.shutdown.timeout.is_zero(), "shutdown.timeout", || {
+            r#""0s" leaves no time to finish the last checkpoint: use e.g. "30s""#.into()
+        })
     }),
 ];
 
-fn bridge_id(c: &Config, e: &mut Vec<ConfigError>) {
+/// What the rules on the topics that must stay apart read.
+const TOPICS: &[&str] = &[
+    "source.topics",
+    "source.topic_pattern",
+    "source.bootstrap_servers",
+    "sink.bootstrap_servers",
+    "sink.topic",
+    "sink.marker_topic",
+];
+const DEAD_LETTER_TOPICS: &[&str] = &[
+    "sink.on_bad_record",
+    "sink.dead_letter_topic",
+    "source.topics",
+    "source.topic_pattern",
+    "sink.topic",
+    "sink.marker_topic",
+];
+const EPOCH: &[&str] = &[
+    "transaction.timeout",
+    "bridge.delivery",
+    "checkpoint.interval",
+    "checkpoint.min_pause",
+    "checkpoint.timeout",
+];
+
+/// The error `message()` on `key` if `broken`.
+fn when(broken: bool, key: &str, message: impl FnOnce() -> String) -> Found {
+    match broken {
+        true => vec![ConfigError::new(key, message())],
+        false => vec![],
+    }
+}
+
+fn bridge_id(c: &Config) -> Found {
     let id = &c.bridge.id;
-    if id.is_empty() {
-        e.push(ConfigError::new(
-            "bridge.id",
-            r#"is required: name the bridge, e.g. id = "orders-mirror" in [bridge] or EOS_BRIDGE__BRIDGE__ID=orders-mirror; it keys the transactional id and the commit markers, so keep it stable"#,
-        ));
+    let message = if id.is_empty() {
+        r#"is required: name the bridge, e.g. id = "orders-mirror" in [bridge] or EOS_BRIDGE__BRIDGE__ID=orders-mirror; it keys the transactional id and the commit markers, so keep it stable"#.to_string()
     } else if !id.chars().all(legal) {
         let fixed: String = id
             .chars()
             .map(|ch| if legal(ch) { ch } else { '-' })
             .collect();
-        e.push(ConfigError::new(
-            "bridge.id",
-            format!(
-                "{id:?} may only hold letters, digits, '.', '_' and '-' (it becomes part of the transactional id): e.g. {fixed:?}"
-            ),
-        ));
-    }
+        format!("{id:?} may only hold letters, digits, '.', '_' and '-' (it becomes part of the transactional id): e.g. {fixed:?}")
+    } else {
+        return vec![];
+    };
+    vec![ConfigError::new("bridge.id", message)]
 }
 
-fn source_topics(c: &Config, e: &mut Vec<ConfigError>) {
-    let s = &c.source;
-    match (s.topics.is_empty(), &s.topic_pattern) {
-        (true, None) => e.push(ConfigError::new(
-            "source.topics",
-            r#"no source topics: set topics = ["orders", "payments"] or topic_pattern = "orders\\..*" in [source]"#,
-        )),
-        (false, Some(pattern)) => e.push(ConfigError::new(
-            "source.topic_pattern",
-            format!(
-                r#"{pattern:?} is set together with source.topics = {:?}: keep one of them (an empty EOS_BRIDGE__SOURCE__TOPICS="" clears a list set by the file)"#,
-                s.topics
-            ),
-        )),
-        _ => {}
-    }
+fn source_topics(c: &Config) -> Found {
+    let (topics, pattern) = (&c.source.topics, &c.source.topic_pattern);
+    let (key, message) = match (topics.is_empty(), pattern) {
+        (true, None) => ("source.topics", r#"no source topics: set topics = ["orders", "payments"] or topic_pattern = "orders\\..*" in [source]"#.to_string()),
+        (false, Some(pattern)) => ("source.topic_pattern", format!(r#"{pattern:?} is set together with source.topics = {topics:?}: keep one of them (an empty EOS_BRIDGE__SOURCE__TOPICS="" clears a list set by the file)"#)),
+        _ => return vec![],
+    };
+    vec![ConfigError::new(key, message)]
 }
 
-fn sink_topic_name(c: &Config, e: &mut Vec<ConfigError>) {
-    let sample = c.sink_topic_for("t");
-    if let Err(why) = check_topic_name(&sample) {
-        let names = if sample == c.sink.topic {
-            String::new()
-        } else {
-            format!(" gives topic names like {sample:?}, which")
-        };
-        let placeholder = if sample.contains('{') {
-            format!(" ({SOURCE_TOPIC_PLACEHOLDER} is the only placeholder)")
-        } else {
-            String::new()
-        };
-        e.push(ConfigError::new(
-            "sink.topic",
-            format!(
-                r#"{:?}{names} {why}{placeholder}: use e.g. "{SOURCE_TOPIC_PLACEHOLDER}-copy""#,
-                c.sink.topic
-            ),
-        ));
-    }
+fn sink_topic_name(c: &Config) -> Found {
+    let (topic, sample) = (&c.sink.topic, c.sink_topic_for("t"));
+    let Err(why) = check_topic_name(&sample) else {
+        return vec![];
+    };
+    let names = match sample == *topic {
+        true => String::new(),
+        false => format!(" gives topic names like {sample:?}, which"),
+    };
+    let placeholder = match sample.contains('{') {
+        true => format!(" ({SOURCE_TOPIC_PLACEHOLDER} is the only placeholder)"),
+        false => String::new(),
+    };
+    let message = format!(
+        r#"{topic:?}{names} {why}{placeholder}: use e.g. "{SOURCE_TOPIC_PLACEHOLDER}-copy""#
+    );
+    vec![ConfigError::new("sink.topic", message)]
 }
 
 /// Whether the marker topic is a legal name. The default one is made of bridge.id, whose own
@@ -1354,19 +1330,6 @@ fn sink_topic_name(c: &Config, e: &mut Vec<ConfigError>) {
 fn marker_judged(c: &Config) -> Option<Result<(), &'static str>> {
     let default = c.sink.marker_topic == default_marker_topic(&c.bridge.id);
     (c.bridge.id.chars().all(legal) || !default).then(|| check_topic_name(&c.sink.marker_topic))
-}
-
-fn marker_topic_name(c: &Config, e: &mut Vec<ConfigError>) {
-    if let Some(Err(why)) = marker_judged(c) {
-        e.push(ConfigError::new(
-            "sink.marker_topic",
-            format!(
-                "{:?} {why}: leave it unset for the default {:?}",
-                c.sink.marker_topic,
-                default_marker_topic(&c.bridge.id)
-            ),
-        ));
-    }
 }
 
 /// The listed source topics (none with a pattern), and the pattern compiled.
@@ -1377,166 +1340,105 @@ fn sources(c: &Config) -> (&[String], Option<Regex>) {
     }
 }
 
-/// Topics that must stay apart: markers are not sink topics, and on one cluster the bridge must
-/// not read its own output or markers.
-fn own_output(c: &Config, e: &mut Vec<ConfigError>) {
-    let (source, sink) = (&c.source, &c.sink);
+/// Markers are not sink topics, and on one cluster the bridge must not read its own output or
+/// markers.
+fn own_output(c: &Config) -> Found {
+    let (source, sink, mut found) = (&c.source, &c.sink, Vec::new());
+    let (topic, marker) = (&sink.topic, &sink.marker_topic);
     let topic_ok = check_topic_name(&c.sink_topic_for("t")).is_ok();
     let marker_ok = marker_judged(c) == Some(Ok(()));
     let (listed, pattern) = sources(c);
-    let constant = !sink.topic.contains(SOURCE_TOPIC_PLACEHOLDER);
-    if topic_ok && marker_ok {
-        let clash = if constant {
-            (sink.topic == sink.marker_topic).then(|| sink.topic.clone())
-        } else {
-            listed
-                .iter()
-                .map(|t| c.sink_topic_for(t))
-                .find(|t| *t == sink.marker_topic)
-        };
-        if let Some(topic) = clash {
-            e.push(ConfigError::new(
-                "sink.marker_topic",
-                format!(
-                    "{topic:?} is also a sink topic: commit markers must have a topic of their own; leave it unset for the default {:?}",
-                    default_marker_topic(&c.bridge.id)
-                ),
-            ));
-        }
+    let constant = !topic.contains(SOURCE_TOPIC_PLACEHOLDER);
+    let default = default_marker_topic(&c.bridge.id);
+    let sink_topics = listed.iter().map(|t| c.sink_topic_for(t));
+    let clash = match constant {
+        true => (topic == marker).then(|| topic.clone()),
+        false => sink_topics.clone().find(|t| t == marker),
+    };
+    if let Some(clash) = clash.filter(|_| topic_ok && marker_ok) {
+        found.push(ConfigError::new("sink.marker_topic", format!("{clash:?} is also a sink topic: commit markers must have a topic of their own; leave it unset for the default {default:?}")));
     }
-    if !same_cluster(&source.bootstrap_servers, &sink.bootstrap_servers) {
-        return;
+    let servers = &sink.bootstrap_servers;
+    if !same_cluster(&source.bootstrap_servers, servers) {
+        return found;
     }
-    if topic_ok {
-        let fix = format!(
-            r#"use e.g. "{SOURCE_TOPIC_PLACEHOLDER}-copy", or a sink.bootstrap_servers of another cluster"#
-        );
-        let message = if sink.topic == SOURCE_TOPIC_PLACEHOLDER {
-            Some(format!(
-                "{:?} writes every topic onto itself, since source and sink are the same cluster ({:?}): {fix}",
-                sink.topic, sink.bootstrap_servers
-            ))
-        } else if let Some(topic) = listed
-            .iter()
-            .find(|t| source.topics.contains(&c.sink_topic_for(t)))
-        {
-            Some(format!(
-                "{:?} writes source topic {topic:?} to {:?}, which is itself a source topic on the same cluster: the bridge would read its own output; {fix}",
-                sink.topic,
-                c.sink_topic_for(topic)
-            ))
-        } else if pattern
-            .as_ref()
-            .is_some_and(|p| constant && p.is_match(&sink.topic))
-        {
-            Some(format!(
-                "{:?} is matched by source.topic_pattern {:?} on the same cluster: the bridge would read its own output; narrow the pattern or {fix}",
-                sink.topic,
-                source.topic_pattern.as_deref().unwrap_or_default()
-            ))
-        } else {
-            None
-        };
-        e.extend(message.map(|m| ConfigError::new("sink.topic", m)));
-    }
-    if !marker_ok {
-        return;
-    }
-    if listed.contains(&sink.marker_topic) {
-        e.push(ConfigError::new(
-            "source.topics",
-            format!(
-                "{:?} is the marker topic of the same cluster: the bridge would read its own commit markers as data; remove it",
-                sink.marker_topic
-            ),
-        ));
+    let fix = format!(
+        r#"use e.g. "{SOURCE_TOPIC_PLACEHOLDER}-copy", or a sink.bootstrap_servers of another cluster"#
+    );
+    let source_pattern = source.topic_pattern.as_deref().unwrap_or_default();
+    let message = if !topic_ok {
+        None
+    } else if topic == SOURCE_TOPIC_PLACEHOLDER {
+        Some(format!("{topic:?} writes every topic onto itself, since source and sink are the same cluster ({servers:?}): {fix}"))
+    } else if let Some((from, to)) = listed
+        .iter()
+        .zip(sink_topics)
+        .find(|(_, to)| source.topics.contains(to))
+    {
+        Some(format!("{topic:?} writes source topic {from:?} to {to:?}, which is itself a source topic on the same cluster: the bridge would read its own output; {fix}"))
     } else if pattern
         .as_ref()
-        .is_some_and(|p| p.is_match(&sink.marker_topic))
+        .is_some_and(|p| constant && p.is_match(topic))
     {
-        e.push(ConfigError::new(
-            "source.topic_pattern",
-            format!(
-                "{:?} matches the marker topic {:?} of the same cluster: the bridge would read its own commit markers as data; narrow the pattern, e.g. to the topics' common prefix",
-                source.topic_pattern.as_deref().unwrap_or_default(),
-                sink.marker_topic
-            ),
-        ));
+        Some(format!("{topic:?} is matched by source.topic_pattern {source_pattern:?} on the same cluster: the bridge would read its own output; narrow the pattern or {fix}"))
+    } else {
+        None
+    };
+    found.extend(message.map(|m| ConfigError::new("sink.topic", m)));
+    if marker_ok && listed.contains(marker) {
+        found.push(ConfigError::new("source.topics", format!("{marker:?} is the marker topic of the same cluster: the bridge would read its own commit markers as data; remove it")));
+    } else if marker_ok && pattern.is_some_and(|p| p.is_match(marker)) {
+        found.push(ConfigError::new("source.topic_pattern", format!("{source_pattern:?} matches the marker topic {marker:?} of the same cluster: the bridge would read its own commit markers as data; narrow the pattern, e.g. to the topics' common prefix")));
     }
+    found
 }
 
-fn dead_letter_name(c: &Config, e: &mut Vec<ConfigError>) {
-    let sink = &c.sink;
-    if sink.on_bad_record != OnBadRecord::DeadLetter {
-        return;
-    }
-    let sample = c.dead_letter_topic_for("t");
-    if let Err(why) = check_topic_name(&sample) {
-        let names = if sample == sink.dead_letter_topic {
-            String::new()
-        } else {
-            format!(" gives topic names like {sample:?}, which")
-        };
-        e.push(ConfigError::new(
-            "sink.dead_letter_topic",
-            format!(
-                r#"{:?}{names} {why}: use e.g. "{DEFAULT_DEAD_LETTER_TOPIC}""#,
-                sink.dead_letter_topic
-            ),
-        ));
-    }
+fn dead_letters(c: &Config) -> bool {
+    c.sink.on_bad_record == OnBadRecord::DeadLetter
 }
 
 /// Dead letters need a topic of their own, and must not be read back as source records.
-fn dead_letter_clash(c: &Config, e: &mut Vec<ConfigError>) {
-    let sink = &c.sink;
-    if sink.on_bad_record != OnBadRecord::DeadLetter
-        || check_topic_name(&c.dead_letter_topic_for("t")).is_err()
-    {
-        return;
+fn dead_letter_clash(c: &Config) -> Found {
+    let (sink, template) = (&c.sink, &c.sink.dead_letter_topic);
+    if !dead_letters(c) || check_topic_name(&c.dead_letter_topic_for("t")).is_err() {
+        return vec![];
     }
     // With listed topics every dead-letter topic is known; with a pattern, only a template
     // without the placeholder (one topic for all) or one identical to another's.
     let (listed, pattern) = sources(c);
-    let constant = !sink.dead_letter_topic.contains(SOURCE_TOPIC_PLACEHOLDER);
+    let constant = !template.contains(SOURCE_TOPIC_PLACEHOLDER);
     let mut pairs: Vec<(String, String)> = listed
         .iter()
         .map(|t| (c.dead_letter_topic_for(t), c.sink_topic_for(t)))
         .collect();
-    if listed.is_empty() && (constant || sink.dead_letter_topic == sink.topic) {
+    if listed.is_empty() && (constant || template == &sink.topic) {
         pairs.push((c.dead_letter_topic_for("t"), c.sink_topic_for("t")));
     }
     let fix = format!(r#"use e.g. "{DEFAULT_DEAD_LETTER_TOPIC}""#);
-    let template = &sink.dead_letter_topic;
+    let key = "sink.dead_letter_topic";
     for (dlq, sink_topic) in &pairs {
-        let what = if *dlq == sink.marker_topic {
-            "the marker topic"
-        } else if dlq == sink_topic {
-            "a sink topic"
-        } else {
-            continue;
+        let what = match (dlq == &sink.marker_topic, dlq == sink_topic) {
+            (true, _) => "the marker topic",
+            (false, true) => "a sink topic",
+            _ => continue,
         };
-        e.push(ConfigError::new(
-            "sink.dead_letter_topic",
-            format!("{template:?} gives {dlq:?}, which is also {what}: dead letters need a topic of their own; {fix}"),
-        ));
-        return;
+        return vec![ConfigError::new(key, format!("{template:?} gives {dlq:?}, which is also {what}: dead letters need a topic of their own; {fix}"))];
     }
-    if !same_cluster(&c.source.bootstrap_servers, &sink.bootstrap_servers) {
-        return;
-    }
+    let same = same_cluster(&c.source.bootstrap_servers, &sink.bootstrap_servers);
     let read_back = pairs.iter().map(|(dlq, _)| dlq).find(|dlq| {
         listed.contains(dlq)
             || pattern
                 .as_ref()
                 .is_some_and(|p| constant && p.is_match(dlq))
     });
-    if let Some(dlq) = read_back {
-        e.push(ConfigError::new(
-            "sink.dead_letter_topic",
-            format!("{template:?} gives {dlq:?}, which is a source topic of the same cluster: the bridge would read its own dead letters; {fix}"),
-        ));
-    }
+    let message = |dlq| {
+        format!("{template:?} gives {dlq:?}, which is a source topic of the same cluster: the bridge would read its own dead letters; {fix}")
+    };
+    read_back
+        .filter(|_| same)
+        .map(|dlq| ConfigError::new(key, message(dlq)))
+        .into_iter()
+        .collect()
 }
 
 /// `transaction.timeout` when exactly-once delivery uses transactions and the timeout is in
@@ -1548,166 +1450,154 @@ fn transactional(c: &Config) -> Option<Duration> {
 }
 
 /// The coordinator aborts a transaction left open longer than transaction.timeout.
-fn transaction_outlives_epoch(c: &Config, e: &mut Vec<ConfigError>) {
+fn transaction_outlives_epoch(c: &Config) -> Found {
     let Some(txn) = transactional(c) else {
-        return;
+        return vec![];
     };
     let (epoch_key, epoch) = c.epoch();
     let open = epoch.saturating_add(c.checkpoint.timeout);
-    if open >= txn {
-        e.push(ConfigError::new(
-            "transaction.timeout",
-            format!(
-                "{} must be longer than {epoch_key} ({}) + checkpoint.timeout ({}) = {}, the longest a transaction stays open, or the brokers abort it before it commits: raise [transaction] timeout above {} (within the sink brokers' transaction.max.timeout.ms, 15m by default) or shorten the checkpoint settings",
-                show(txn),
-                show(epoch),
-                show(c.checkpoint.timeout),
-                show(open),
-                show(open)
-            ),
-        ));
-    }
+    when(open >= txn, "transaction.timeout", || {
+        let (txn, epoch, timeout, open) = (
+            show(txn),
+            show(epoch),
+            show(c.checkpoint.timeout),
+            show(open),
+        );
+        format!("{txn} must be longer than {epoch_key} ({epoch}) + checkpoint.timeout ({timeout}) = {open}, the longest a transaction stays open, or the brokers abort it before it commits: raise [transaction] timeout above {open} (within the sink brokers' transaction.max.timeout.ms, 15m by default) or shorten the checkpoint settings")
+    })
 }
 
 /// librdkafka refuses a transactional producer whose records or requests may outlive the
 /// transaction; it derives both timeouts from transaction.timeout unless they are set.
-fn delivery_timeouts(c: &Config, e: &mut Vec<ConfigError>) {
+fn delivery_timeouts(c: &Config) -> Found {
     let Some(txn) = transactional(c) else {
-        return;
+        return vec![];
     };
-    let kafka = &c.sink.kafka;
-    let set: Vec<&str> = ["message.timeout.ms", "delivery.timeout.ms"]
-        .into_iter()
-        .filter(|name| kafka.get(name).is_some())
-        .collect();
-    if set.len() == 2 {
-        e.push(ConfigError::new(
+    let (kafka, txn_ms, shown) = (&c.sink.kafka, txn.as_millis(), show(txn));
+    let mut found = Vec::new();
+    let set = ["message.timeout.ms", "delivery.timeout.ms"].map(|name| kafka.get(name).is_some());
+    if set == [true, true] {
+        found.push(ConfigError::new(
             "sink.kafka.delivery.timeout.ms",
             "is librdkafka's other name for message.timeout.ms, which is set too: keep one",
         ));
     }
-    let txn_ms = txn.as_millis();
-    let mut ms = |name: &str| -> Option<u128> {
-        let value = kafka.get(name)?;
-        let parsed = value.trim().parse::<u128>().ok();
-        if parsed.is_none() {
-            e.push(ConfigError::new(
-                format!("sink.kafka.{name}"),
-                format!("{value:?} is not a whole number of milliseconds: write digits only"),
-            ));
-        }
-        parsed
-    };
-    let mut found = Vec::new();
-    for name in set {
-        let why = match ms(name) {
-            Some(0) => format!(
-                "0 lets a record wait forever, but its transaction is aborted after transaction.timeout ({}): set at most {txn_ms}, or leave it out to follow transaction.timeout",
-                show(txn)
-            ),
-            Some(ms) if ms > txn_ms => format!(
-                "{ms} is above transaction.timeout ({}, {txn_ms} ms): a record could outlive its transaction; set at most {txn_ms}, or leave it out to follow transaction.timeout",
-                show(txn)
-            ),
-            _ => continue,
+    for name in [
+        "message.timeout.ms",
+        "delivery.timeout.ms",
+        "socket.timeout.ms",
+    ] {
+        let (key, limit) = (format!("sink.kafka.{name}"), txn_ms.saturating_sub(100));
+        let Some(value) = kafka.get(name) else {
+            continue;
         };
-        found.push(ConfigError::new(format!("sink.kafka.{name}"), why));
+        let message = match value.trim().parse::<u128>() {
+            Err(_) => format!("{value:?} is not a whole number of milliseconds: write digits only"),
+            Ok(ms) if name == "socket.timeout.ms" && ms > limit => format!("{ms} must be at least 100 ms below transaction.timeout ({shown}, {txn_ms} ms), so a request can fail and be retried before the transaction times out: set at most {limit}, or leave it out"),
+            Ok(_) if name == "socket.timeout.ms" => continue,
+            Ok(0) => format!("0 lets a record wait forever, but its transaction is aborted after transaction.timeout ({shown}): set at most {txn_ms}, or leave it out to follow transaction.timeout"),
+            Ok(ms) if ms > txn_ms => format!("{ms} is above transaction.timeout ({shown}, {txn_ms} ms): a record could outlive its transaction; set at most {txn_ms}, or leave it out to follow transaction.timeout"),
+            Ok(_) => continue,
+        };
+        found.push(ConfigError::new(key, message));
     }
-    if let Some(socket) = ms("socket.timeout.ms") {
-        let limit = txn_ms.saturating_sub(100);
-        if socket > limit {
-            found.push(ConfigError::new(
-                "sink.kafka.socket.timeout.ms",
-                format!(
-                    "{socket} must be at least 100 ms below transaction.timeout ({}, {txn_ms} ms), so a request can fail and be retried before the transaction times out: set at most {limit}, or leave it out",
-                    show(txn)
-                ),
-            ));
-        }
-    }
-    e.extend(found);
+    found
 }
 
 /// Properties the bridge sets itself: a passthrough value would fight it or break the guarantee.
-fn passthrough(c: &Config, e: &mut Vec<ConfigError>) {
-    const SINK: &[(&str, &str)] = &[
+fn passthrough(c: &Config) -> Found {
+    const SERVERS: &str = "bootstrap_servers";
+    const OWNED: &[(&str, &str, &str)] = &[
         (
-            "transactional.id",
-            "the bridge derives it from bridge.id and bridge.instance",
-        ),
-        ("transaction.timeout.ms", "use [transaction] timeout"),
-        (
-            "enable.idempotence",
-            "the bridge sets it for the delivery mode; choose bridge.delivery",
-        ),
-        ("bootstrap.servers", "use sink.bootstrap_servers"),
-        ("metadata.broker.list", "use sink.bootstrap_servers"),
-    ];
-    const SOURCE: &[(&str, &str)] = &[
-        (
+            "source",
             "group.id",
             "the bridge assigns partitions itself and keeps positions in its checkpoints",
         ),
         (
+            "source",
             "enable.auto.commit",
             "positions live in the bridge's checkpoints, never in auto-commits",
         ),
         (
+            "source",
             "enable.auto.offset.store",
             "positions live in the bridge's checkpoints",
         ),
         (
+            "source",
             "isolation.level",
             "the bridge always reads read_committed, so aborted source records are never bridged",
         ),
         (
+            "source",
             "auto.offset.reset",
             "use source.on_offset_out_of_range (and source.start for the first run)",
         ),
-        ("bootstrap.servers", "use source.bootstrap_servers"),
-        ("metadata.broker.list", "use source.bootstrap_servers"),
+        ("source", "bootstrap.servers", SERVERS),
+        ("source", "metadata.broker.list", SERVERS),
+        (
+            "sink",
+            "transactional.id",
+            "the bridge derives it from bridge.id and bridge.instance",
+        ),
+        (
+            "sink",
+            "transaction.timeout.ms",
+            "use [transaction] timeout",
+        ),
+        (
+            "sink",
+            "enable.idempotence",
+            "the bridge sets it for the delivery mode; choose bridge.delivery",
+        ),
+        ("sink", "bootstrap.servers", SERVERS),
+        ("sink", "metadata.broker.list", SERVERS),
     ];
-    for (section, props, owned) in [
-        ("source", &c.source.kafka, SOURCE),
-        ("sink", &c.sink.kafka, SINK),
-    ] {
-        for (name, instead) in owned {
-            if let Some(value) = props.get(name) {
-                e.push(ConfigError::new(
-                    format!("{section}.kafka.{name}"),
-                    format!("{value:?}: the bridge sets this property itself, so it may not be passed through; remove it ({instead})"),
-                ));
-            }
-        }
+    let mut found = Vec::new();
+    for &(section, name, instead) in OWNED {
+        let props = if section == "sink" {
+            &c.sink.kafka
+        } else {
+            &c.source.kafka
+        };
+        let Some(value) = props.get(name) else {
+            continue;
+        };
+        let instead = match instead {
+            SERVERS => format!("use {section}.bootstrap_servers"),
+            other => other.to_string(),
+        };
+        found.push(ConfigError::new(
+            format!("{section}.kafka.{name}"),
+            format!("{value:?}: the bridge sets this property itself, so it may not be passed through; remove it ({instead})"),
+        ));
     }
+    found
 }
 
-fn servers(key: &str, servers: &str, e: &mut Vec<ConfigError>) {
-    if servers.trim().is_empty() {
-        e.push(ConfigError::new(
-            key,
-            r#"is required: list the cluster's brokers, e.g. "kafka-1:9092,kafka-2:9092""#,
-        ));
+fn servers(key: &str, servers: &str) -> Found {
+    let message = if servers.trim().is_empty() {
+        r#"is required: list the cluster's brokers, e.g. "kafka-1:9092,kafka-2:9092""#.to_string()
     } else if servers.split(',').any(|s| s.trim().is_empty()) {
-        e.push(ConfigError::new(
-            key,
-            format!(r#"{servers:?} has an empty entry: separate brokers with single commas, e.g. "kafka-1:9092,kafka-2:9092""#),
-        ));
-    }
+        format!(
+            r#"{servers:?} has an empty entry: separate brokers with single commas, e.g. "kafka-1:9092,kafka-2:9092""#
+        )
+    } else {
+        return vec![];
+    };
+    vec![ConfigError::new(key, message)]
 }
 
-fn positive(key: &str, value: Duration, e: &mut Vec<ConfigError>) {
-    if value.is_zero() {
-        let message = format!(r#""0s" must be longer than zero: {DURATION_EXAMPLES}"#);
-        e.push(ConfigError::new(key, message));
-    }
+fn positive(key: &str, value: Duration) -> Found {
+    when(value.is_zero(), key, || {
+        format!(r#""0s" must be longer than zero: {DURATION_EXAMPLES}"#)
+    })
 }
 
-fn some_bytes(key: &str, value: u64, why: &str, e: &mut Vec<ConfigError>) {
-    if value == 0 {
-        let message = format!("0 {why}: give a number of bytes, such as 16777216 for 16 MiB");
-        e.push(ConfigError::new(key, message));
-    }
+fn some_bytes(key: &str, value: u64, why: &str) -> Found {
+    when(value == 0, key, || {
+        format!("0 {why}: give a number of bytes, such as 16777216 for 16 MiB")
+    })
 }
 
 /// The characters of a bridge id and of a topic name.
