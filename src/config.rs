@@ -1063,10 +1063,11 @@ fn env_name<S: AsRef<str>>(path: impl IntoIterator<Item = S>) -> String {
 
 /// What a rule found wrong, each error on its key.
 type Found = Vec<ConfigError>;
+type Rule = fn(&Config) -> Found;
 
 /// Every rule, with the keys it reads: a rule is skipped when one of them did not parse, since
 /// judged on a stand-in default it would report a value never written. Errors come in this order.
-const RULES: &[(&[&str], fn(&Config) -> Found)] = &[
+const RULES: &[(&[&str], Rule)] = &[
     (&["bridge.id"], bridge_id),
     (&["bridge.instances"], |c| {
         when(c.bridge.instances == 0, "bridge.instances", || {
