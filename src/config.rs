@@ -485,6 +485,8 @@ impl Config {
         report.flatten_kafka(&mut tree);
         let mut config = report.read(&mut tree);
         report.errors.sort_by(|a, b| a.key.cmp(&b.key));
+        report.bad_values.sort_by(|a, b| a.key.cmp(&b.key));
+        report.errors.append(&mut report.bad_values);
         // Defaults made of other settings, known only now.
         let sink = tree.get("sink").and_then(|s| s.clone().into_table().ok());
         let written = |key: &str| sink.as_ref().is_some_and(|s| s.contains_key(key));
@@ -815,7 +817,10 @@ fn is_ours(env_name: &str) -> bool {
 /// The errors of one load, and what the rules need to know about the values behind them.
 #[derive(Default)]
 struct Report {
+    /// Unknown keys and misshapen tables, then (in `bad_values` until all are read) values that
+    /// did not parse, then broken rules.
     errors: Vec<ConfigError>,
+    bad_values: Vec<ConfigError>,
     /// Keys whose value did not parse. Rules that read them are skipped: judged on a stand-in
     /// default, they would report a value the user never wrote.
     broken: Vec<String>,
@@ -825,11 +830,16 @@ struct Report {
 
 impl Report {
     fn fail(&mut self, key: &str, message: impl Into<String>) {
-        let mut message = message.into();
-        if let Some(var) = self.env_names.get(key) {
-            message = format!("{message} (set by {var})");
+        let error = self.with_env(key, message);
+        self.errors.push(error);
+    }
+
+    fn with_env(&self, key: &str, message: impl Into<String>) -> ConfigError {
+        let message = message.into();
+        match self.env_names.get(key) {
+            Some(var) => ConfigError::new(key, format!("{message} (set by {var})")),
+            None => ConfigError::new(key, message),
         }
-        self.errors.push(ConfigError::new(key, message));
     }
 
     fn finish<T>(self, value: T) -> Result<T, ConfigErrors> {
@@ -895,14 +905,17 @@ impl Report {
             }
             self.broken.push(key.clone());
             let message = match (&path[..], &found.kind) {
-                ([section], kind) if !matches!(kind, ValueKind::Table(_)) => format!(
-                    "expected a table of settings, found a value: set its keys, e.g. [{section}] in the file"
-                ),
+                ([section], kind) if !matches!(kind, ValueKind::Table(_)) => {
+                    let message = format!("expected a table of settings, found a value: set its keys, e.g. [{section}] in the file");
+                    self.fail(&key, message);
+                    continue;
+                }
                 // humantime-serde names neither the value nor the notation.
                 _ if reason.ends_with("expected a duration") => bad_duration(&found),
                 _ => reason,
             };
-            self.fail(&key, message);
+            let error = self.with_env(&key, message);
+            self.bad_values.push(error);
         }
     }
 
