@@ -254,10 +254,19 @@ impl Default for ShutdownConfig {
     }
 }
 
-/// A setting that takes one of a few names: `as_str`, `Display`, a `FromStr` whose error names
-/// the value found and the choices, and serde through those two.
+/// A setting that takes one of a few names: the enum, `as_str`, `Display`, a `FromStr` whose
+/// error names the value found and the choices, and serde through those two.
 macro_rules! named {
-    ($ty:ident, $what:literal, $fix:literal, $($variant:ident = $name:literal),+ $(,)?) => {
+    ($(#[$doc:meta])* $ty:ident is $what:literal, use $fix:literal {
+        $($(#[$variant_doc:meta])* $variant:ident = $name:literal,)+
+    }) => {
+        $(#[$doc])*
+        #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+        #[serde(try_from = "String", into = "String")]
+        pub enum $ty {
+            $($(#[$variant_doc])* $variant,)+
+        }
+
         impl $ty {
             pub const fn as_str(self) -> &'static str {
                 match self {
@@ -306,22 +315,58 @@ macro_rules! text_serde {
     };
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(try_from = "String", into = "String")]
-pub enum Delivery {
-    ExactlyOnce,
-    AtLeastOnce,
-    AtMostOnce,
+named! {
+    Delivery is "a delivery mode", use r#""exactly-once", "at-least-once" or "at-most-once""# {
+        #[default]
+        ExactlyOnce = "exactly-once",
+        AtLeastOnce = "at-least-once",
+        AtMostOnce = "at-most-once",
+    }
 }
 
-named!(
-    Delivery,
-    "a delivery mode",
-    r#""exactly-once", "at-least-once" or "at-most-once""#,
-    ExactlyOnce = "exactly-once",
-    AtLeastOnce = "at-least-once",
-    AtMostOnce = "at-most-once",
-);
+named! {
+    /// What to do when the source or sink cluster, or a source or sink topic, is another one than
+    /// the committed positions refer to (a rebuilt cluster, a topic deleted and created again).
+    IdentityPolicy is "an identity policy", use r#""stop" (stop and say what changed) or "restart" (bridge a recreated topic or rebuilt cluster again from its earliest offset)"# {
+        /// Stop with a message naming what changed and the ways out.
+        #[default]
+        Stop = "stop",
+        /// Bridge every source topic touched by the change again from its earliest offset;
+        /// logged at error level and counted.
+        Restart = "restart",
+    }
+}
+
+named! {
+    /// What to do when a position to resume from no longer exists because retention deleted it.
+    OutOfRange is "an out-of-range policy", use r#""fail" (stop) or "earliest" (resume from the oldest record kept, counting the records lost)"# {
+        #[default]
+        Fail = "fail",
+        /// Resume from the oldest record still kept; the records lost are counted and logged.
+        Earliest = "earliest",
+    }
+}
+
+named! {
+    /// What to do with a record the sink refuses for good (too large for the sink topic, invalid).
+    OnBadRecord is "a bad-record policy", use r#""stop" (abort and stop, naming the record) or "dead-letter" (write it to sink.dead_letter_topic and go on)"# {
+        /// Abort the transaction and stop, naming the record.
+        #[default]
+        Stop = "stop",
+        /// Write the record to the dead-letter topic instead, in the same transaction, and go on.
+        DeadLetter = "dead-letter",
+    }
+}
+
+named! {
+    Partitioning is "a partitioning", use r#""preserve" (sink partition = source partition) or "key" (partition by record key)"# {
+        /// Sink partition = source partition: the source order is kept whole.
+        #[default]
+        Preserve = "preserve",
+        /// Kafka's default (murmur2) partitioner on the record key: order is kept per key.
+        Key = "key",
+    }
+}
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(try_from = "String", into = "String")]
@@ -332,79 +377,6 @@ pub enum StartPosition {
     /// The first record at or after this time, in milliseconds since the Unix epoch.
     Timestamp(i64),
 }
-
-/// What to do when the source or sink cluster, or a source or sink topic, is another one than the
-/// committed positions refer to (a rebuilt cluster, a topic deleted and created again).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(try_from = "String", into = "String")]
-pub enum IdentityPolicy {
-    /// Stop with a message naming what changed and the ways out.
-    Stop,
-    /// Bridge every source topic touched by the change again from its earliest offset; logged at
-    /// error level and counted.
-    Restart,
-}
-
-named!(
-    IdentityPolicy,
-    "an identity policy",
-    r#""stop" (stop and say what changed) or "restart" (bridge a recreated topic or rebuilt cluster again from its earliest offset)"#,
-    Stop = "stop",
-    Restart = "restart",
-);
-
-/// What to do when a position to resume from no longer exists because retention deleted it.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(try_from = "String", into = "String")]
-pub enum OutOfRange {
-    #[default]
-    Fail,
-    /// Resume from the oldest record still kept; the records lost are counted and logged.
-    Earliest,
-}
-
-named!(
-    OutOfRange,
-    "an out-of-range policy",
-    r#""fail" (stop) or "earliest" (resume from the oldest record kept, counting the records lost)"#,
-    Fail = "fail",
-    Earliest = "earliest",
-);
-
-/// What to do with a record the sink refuses for good (too large for the sink topic, invalid).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(try_from = "String", into = "String")]
-pub enum OnBadRecord {
-    /// Abort the transaction and stop, naming the record.
-    Stop,
-    /// Write the record to the dead-letter topic instead, in the same transaction, and go on.
-    DeadLetter,
-}
-
-named!(
-    OnBadRecord,
-    "a bad-record policy",
-    r#""stop" (abort and stop, naming the record) or "dead-letter" (write it to sink.dead_letter_topic and go on)"#,
-    Stop = "stop",
-    DeadLetter = "dead-letter",
-);
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(try_from = "String", into = "String")]
-pub enum Partitioning {
-    /// Sink partition = source partition: the source order is kept whole.
-    Preserve,
-    /// Kafka's default (murmur2) partitioner on the record key: order is kept per key.
-    Key,
-}
-
-named!(
-    Partitioning,
-    "a partitioning",
-    r#""preserve" (sink partition = source partition) or "key" (partition by record key)"#,
-    Preserve = "preserve",
-    Key = "key",
-);
 
 impl FromStr for StartPosition {
     type Err = String;
@@ -647,16 +619,15 @@ impl KafkaProps {
     /// Whether a property's value is a credential, to be kept out of logs and `Debug` output.
     pub fn is_sensitive(key: &str) -> bool {
         let key = key.to_ascii_lowercase();
-        [
+        let words = [
             "password",
             "secret",
             "jaas",
             "token",
             "credential",
             "oauthbearer.config",
-        ]
-        .iter()
-        .any(|word| key.contains(word))
+        ];
+        words.iter().any(|word| key.contains(word))
             || key.ends_with(".key")
             || key.ends_with("key.pem")
     }
@@ -1520,71 +1491,30 @@ fn delivery_timeouts(c: &Config) -> Found {
 
 /// Properties the bridge sets itself: a passthrough value would fight it or break the guarantee.
 fn passthrough(c: &Config) -> Found {
-    const SERVERS: &str = "bootstrap_servers";
-    const OWNED: &[(&str, &str, &str)] = &[
-        (
-            "source",
-            "group.id",
-            "the bridge assigns partitions itself and keeps positions in its checkpoints",
-        ),
-        (
-            "source",
-            "enable.auto.commit",
-            "positions live in the bridge's checkpoints, never in auto-commits",
-        ),
-        (
-            "source",
-            "enable.auto.offset.store",
-            "positions live in the bridge's checkpoints",
-        ),
-        (
-            "source",
-            "isolation.level",
-            "the bridge always reads read_committed, so aborted source records are never bridged",
-        ),
-        (
-            "source",
-            "auto.offset.reset",
-            "use source.on_offset_out_of_range (and source.start for the first run)",
-        ),
-        ("source", "bootstrap.servers", SERVERS),
-        ("source", "metadata.broker.list", SERVERS),
-        (
-            "sink",
-            "transactional.id",
-            "the bridge derives it from bridge.id and bridge.instance",
-        ),
-        (
-            "sink",
-            "transaction.timeout.ms",
-            "use [transaction] timeout",
-        ),
-        (
-            "sink",
-            "enable.idempotence",
-            "the bridge sets it for the delivery mode; choose bridge.delivery",
-        ),
-        ("sink", "bootstrap.servers", SERVERS),
-        ("sink", "metadata.broker.list", SERVERS),
-    ];
     let mut found = Vec::new();
-    for &(section, name, instead) in OWNED {
-        let props = if section == "sink" {
-            &c.sink.kafka
-        } else {
-            &c.source.kafka
-        };
-        let Some(value) = props.get(name) else {
-            continue;
-        };
-        let instead = match instead {
-            SERVERS => format!("use {section}.bootstrap_servers"),
-            other => other.to_string(),
-        };
-        found.push(ConfigError::new(
-            format!("{section}.kafka.{name}"),
-            format!("{value:?}: the bridge sets this property itself, so it may not be passed through; remove it ({instead})"),
-        ));
+    for (section, props) in [("source", &c.source.kafka), ("sink", &c.sink.kafka)] {
+        for (name, value) in props.iter() {
+            let instead = match (section, name) {
+                (_, "bootstrap.servers" | "metadata.broker.list") => {
+                    &format!("use {section}.bootstrap_servers")
+                }
+                ("source", "group.id") => {
+                    "the bridge assigns partitions itself and keeps positions in its checkpoints"
+                }
+                ("source", "enable.auto.commit") => {
+                    "positions live in the bridge's checkpoints, never in auto-commits"
+                }
+                ("source", "enable.auto.offset.store") => "positions live in the bridge's checkpoints",
+                ("source", "isolation.level") => "the bridge always reads read_committed, so aborted source records are never bridged",
+                ("source", "auto.offset.reset") => "use source.on_offset_out_of_range (and source.start for the first run)",
+                ("sink", "transactional.id") => "the bridge derives it from bridge.id and bridge.instance",
+                ("sink", "transaction.timeout.ms") => "use [transaction] timeout",
+                ("sink", "enable.idempotence") => "the bridge sets it for the delivery mode; choose bridge.delivery",
+                _ => continue,
+            };
+            let message = format!("{value:?}: the bridge sets this property itself, so it may not be passed through; remove it ({instead})");
+            found.push(ConfigError::new(format!("{section}.kafka.{name}"), message));
+        }
     }
     found
 }
