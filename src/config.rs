@@ -12,10 +12,10 @@
 //! 1. Add the field to its section's struct; the struct's `Default` gives its default. Strings,
 //!    paths and `Option`s need nothing else; durations take `#[serde(with = "humantime_serde")]`,
 //!    whole numbers `#[serde(deserialize_with = "count")]` (the environment writes them as text),
-//!    a choice of names an enum declared with [`named!`].
-//! 2. If the value must pass a rule, write a small function over `&Config` that pushes a
-//!    [`ConfigError`] naming the key, the value found and the fix, and list it in [`RULES`] with
-//!    the keys it reads (it is skipped when one of them did not parse).
+//!    a choice of names an enum declared with `named!`.
+//! 2. If the value must pass a rule, write a small function over `&Config` that returns a
+//!    [`ConfigError`] for each problem (key, value found, fix; `when` makes one), and list it in
+//!    `RULES` with the keys it reads (it is skipped when one of them did not parse).
 //! 3. Document the key in `config/eos-bridge.toml` (a test checks) and `docs/configuration.md`.
 //!
 //! Unknown keys, environment overrides and the report of every error come with the field.
@@ -417,7 +417,8 @@ text_serde!(StartPosition);
 #[serde(transparent)]
 pub struct KafkaProps(BTreeMap<String, String>);
 
-/// A value that must not reach a log: its `Debug` prints `***` and it has no `Display`.
+/// A value that must not reach a log: its `Debug` prints `***` and it has no `Display`. It
+/// serializes as itself, to write a configuration file: never serialize a config into a log.
 #[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(transparent)]
 pub struct Secret(String);
