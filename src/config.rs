@@ -2132,6 +2132,30 @@ mod tests {
     }
 
     #[test]
+    fn bad_values_and_unknown_keys_of_one_table_are_all_named() {
+        let toml = format!(
+            "{BASE}\n[checkpoint]\nintervall = \"1s\"\nretian = 3\ninterval = \"soon\"\ntimeout = 5\nretain = \"x\"\n"
+        );
+        let errors = errors(&toml, &[("EOS_BRIDGE__CHECKPOINT__MAX_BYTES", "-1")]);
+        let keys: Vec<&str> = errors.iter().map(|e| e.key.as_str()).collect();
+        assert_eq!(
+            keys,
+            [
+                "checkpoint.intervall",
+                "checkpoint.retian",
+                "checkpoint.interval",
+                "checkpoint.max_bytes",
+                "checkpoint.retain",
+                "checkpoint.timeout",
+            ],
+            "{errors:#?}"
+        );
+        assert!(errors[3]
+            .message
+            .contains("EOS_BRIDGE__CHECKPOINT__MAX_BYTES"));
+    }
+
+    #[test]
     fn a_bad_value_is_not_judged_again_on_its_default() {
         // The interval did not parse: the timeout rule must not report the 1s stand-in.
         rejects(
