@@ -7,6 +7,19 @@
 //! The one rule it cannot check on its own, `transaction.timeout` against the sink brokers'
 //! `transaction.max.timeout.ms`, is [`Config::check_broker_timeout`], called at start-up.
 //!
+//! # Adding a key
+//!
+//! 1. Add the field to its section's struct; the struct's `Default` gives its default. Strings,
+//!    paths and `Option`s need nothing else; durations take `#[serde(with = "humantime_serde")]`,
+//!    whole numbers `#[serde(deserialize_with = "count")]` (the environment writes them as text),
+//!    a choice of names an enum declared with `named!`.
+//! 2. If the value must pass a rule, write a small function over `&Config` that returns a
+//!    [`ConfigError`] for each problem (key, value found, fix; `when` makes one), and list it in
+//!    `RULES` with the keys it reads (it is skipped when one of them did not parse).
+//! 3. Document the key in `config/eos-bridge.toml` (a test checks) and `docs/configuration.md`.
+//!
+//! Unknown keys, environment overrides and the report of every error come with the field.
+//!
 //! # Environment overrides
 //!
 //! `EOS_BRIDGE__SECTION__KEY=value` overrides `key` of `[section]`: `EOS_BRIDGE__` prefix, `__`
@@ -20,7 +33,6 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt;
-use std::marker::PhantomData;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
@@ -30,7 +42,9 @@ use ::config::{
     Config as Layers, Environment, File, FileFormat, Map as LayerMap, Source, Value, ValueKind,
 };
 use regex::Regex;
-use serde::de::{self, Deserialize, Deserializer, SeqAccess, Visitor};
+use serde::de::{self, Deserializer};
+use serde::{Deserialize, Serialize};
+use serde_json::Value as Any;
 use thiserror::Error;
 
 /// Prefix of every environment override.
@@ -45,6 +59,10 @@ pub const DEFAULT_MARKER_TOPIC: &str = "__eos_bridge_markers";
 /// Where `on_bad_record = "dead-letter"` writes the records the sink refuses, unless
 /// `sink.dead_letter_topic` says otherwise.
 pub const DEFAULT_DEAD_LETTER_TOPIC: &str = "{source_topic}.dlq";
+/// `sink.max_in_flight_bytes` when unset: 16 MiB.
+pub const DEFAULT_MAX_IN_FLIGHT_BYTES: u64 = 16 * 1024 * 1024;
+/// `checkpoint.max_bytes` when unset: 64 MiB.
+pub const DEFAULT_EPOCH_MAX_BYTES: u64 = 64 * 1024 * 1024;
 
 /// The marker topic a bridge uses unless `sink.marker_topic` names one: a topic per bridge id,
 /// so that no other bridge's transaction can ever sit in an instance's marker partition and hold
@@ -57,10 +75,11 @@ pub fn default_marker_topic(bridge_id: &str) -> String {
 const ENV_ORIGIN: &str = "the environment";
 /// librdkafka's range for `transaction.timeout.ms`.
 const MIN_TRANSACTION_TIMEOUT: Duration = Duration::from_secs(1);
-const MAX_KAFKA_MS: u128 = i32::MAX as u128;
+const MAX_TRANSACTION_TIMEOUT: Duration = Duration::from_millis(i32::MAX as u64);
 const DURATION_EXAMPLES: &str = r#"write it like "500ms", "1s" or "2m""#;
 
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
 pub struct Config {
     pub bridge: BridgeConfig,
     pub source: SourceConfig,
@@ -71,11 +90,15 @@ pub struct Config {
     pub shutdown: ShutdownConfig,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
 pub struct BridgeConfig {
+    /// Required: the empty default is reported missing.
     pub id: String,
     /// This instance's number, `0..instances`: it picks the instance's share of the partitions.
+    #[serde(deserialize_with = "count")]
     pub instance: u32,
+    #[serde(deserialize_with = "count")]
     pub instances: u32,
     pub state_dir: PathBuf,
     pub delivery: Delivery,
@@ -83,21 +106,18 @@ pub struct BridgeConfig {
     pub on_identity_change: IdentityPolicy,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Delivery {
-    ExactlyOnce,
-    AtLeastOnce,
-    AtMostOnce,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
 pub struct SourceConfig {
     pub bootstrap_servers: String,
     /// Exactly one of `topics` (non-empty) and `topic_pattern` is set in a validated config.
+    #[serde(deserialize_with = "topic_list")]
     pub topics: Vec<String>,
     /// Matched against the whole topic name, like the Java clients' pattern subscription.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub topic_pattern: Option<String>,
     /// Anchored like `topic_pattern`; topics it matches are never read, whichever way selected.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub topic_exclude: Option<String>,
     /// Where to start when neither a checkpoint nor a commit marker says where to resume.
     pub start: StartPosition,
@@ -105,111 +125,317 @@ pub struct SourceConfig {
     pub kafka: KafkaProps,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum StartPosition {
-    Earliest,
-    Latest,
-    /// The first record at or after this time, in milliseconds since the Unix epoch.
-    Timestamp(i64),
-}
-
-/// What to do when the source or sink cluster, or a source or sink topic, is another one than the
-/// committed positions refer to (a rebuilt cluster, a topic deleted and created again).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum IdentityPolicy {
-    /// Stop with a message naming what changed and the ways out.
-    Stop,
-    /// Bridge every source topic touched by the change again from its earliest offset; logged at
-    /// error level and counted.
-    Restart,
-}
-
-/// What to do when a position to resume from no longer exists because retention deleted it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum OutOfRange {
-    Fail,
-    /// Resume from the oldest record still kept; the records lost are counted and logged.
-    Earliest,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
 pub struct SinkConfig {
-    /// The source's servers when not set: the same cluster.
+    /// The source's servers when not set: the same cluster ([`Config::load`] fills it in).
     pub bootstrap_servers: String,
     /// A template: [`SOURCE_TOPIC_PLACEHOLDER`] is replaced by the source topic's name.
     pub topic: String,
     pub partitioning: Partitioning,
+    /// [`default_marker_topic`] when not set ([`Config::load`] fills it in).
     pub marker_topic: String,
     pub on_bad_record: OnBadRecord,
     /// A template like `topic`; used only with [`OnBadRecord::DeadLetter`].
     pub dead_letter_topic: String,
     /// The most output bytes (keys and values) handed to the producer and not yet acknowledged;
     /// the bridge lowers its working limit below this for a slow sink.
+    #[serde(deserialize_with = "count")]
     pub max_in_flight_bytes: u64,
     /// Replicas of every topic the bridge creates on the sink; None: the broker's default.
+    #[serde(
+        deserialize_with = "count_opt",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub replication_factor: Option<u16>,
     /// Source topic configs not copied to new sink topics, besides `mirror::EXCLUDED`; an entry
     /// ending in `*` is a prefix.
+    #[serde(deserialize_with = "topic_list")]
     pub topic_config_exclude: Vec<String>,
     pub kafka: KafkaProps,
 }
 
-/// `sink.max_in_flight_bytes` when unset: 16 MiB.
-pub const DEFAULT_MAX_IN_FLIGHT_BYTES: u64 = 16 * 1024 * 1024;
-/// `checkpoint.max_bytes` when unset: 64 MiB.
-pub const DEFAULT_EPOCH_MAX_BYTES: u64 = 64 * 1024 * 1024;
-
-/// What to do with a record the sink refuses for good (too large for the sink topic, invalid).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum OnBadRecord {
-    /// Abort the transaction and stop, naming the record.
-    Stop,
-    /// Write the record to the dead-letter topic instead, in the same transaction, and go on.
-    DeadLetter,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Partitioning {
-    /// Sink partition = source partition: the source order is kept whole.
-    Preserve,
-    /// Kafka's default (murmur2) partitioner on the record key: order is kept per key.
-    Key,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
 pub struct CheckpointConfig {
+    #[serde(with = "humantime_serde")]
     pub interval: Duration,
+    #[serde(with = "humantime_serde")]
     pub min_pause: Duration,
+    #[serde(with = "humantime_serde")]
     pub timeout: Duration,
+    #[serde(deserialize_with = "count")]
     pub retain: usize,
     /// An epoch ends early once its output (keys and values) reaches this many bytes.
+    #[serde(deserialize_with = "count")]
     pub max_bytes: u64,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
 pub struct TransactionConfig {
+    #[serde(with = "humantime_serde")]
     pub timeout: Duration,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
 pub struct ApiConfig {
+    #[serde(deserialize_with = "listen_addr")]
     pub listen: SocketAddr,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub admin_token: Option<Secret>,
     /// See [`Config::ready_max_age`] for the default.
+    #[serde(
+        with = "humantime_serde::option",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub ready_max_age: Option<Duration>,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
 pub struct ShutdownConfig {
+    #[serde(with = "humantime_serde")]
     pub timeout: Duration,
 }
 
-/// librdkafka properties passed through to a client, by their dotted names.
-#[derive(Clone, Default, PartialEq, Eq)]
+impl Default for BridgeConfig {
+    fn default() -> Self {
+        BridgeConfig {
+            id: String::new(),
+            instance: 0,
+            instances: 1,
+            state_dir: "state".into(),
+            delivery: Delivery::ExactlyOnce,
+            on_identity_change: IdentityPolicy::Stop,
+        }
+    }
+}
+
+impl Default for SinkConfig {
+    fn default() -> Self {
+        SinkConfig {
+            bootstrap_servers: String::new(),
+            topic: SOURCE_TOPIC_PLACEHOLDER.to_string(),
+            partitioning: Partitioning::Preserve,
+            marker_topic: String::new(),
+            on_bad_record: OnBadRecord::Stop,
+            dead_letter_topic: DEFAULT_DEAD_LETTER_TOPIC.to_string(),
+            max_in_flight_bytes: DEFAULT_MAX_IN_FLIGHT_BYTES,
+            replication_factor: None,
+            topic_config_exclude: Vec::new(),
+            kafka: KafkaProps::default(),
+        }
+    }
+}
+
+impl Default for CheckpointConfig {
+    fn default() -> Self {
+        CheckpointConfig {
+            interval: Duration::from_secs(1),
+            min_pause: Duration::ZERO,
+            timeout: Duration::from_secs(30),
+            retain: 3,
+            max_bytes: DEFAULT_EPOCH_MAX_BYTES,
+        }
+    }
+}
+
+impl Default for TransactionConfig {
+    fn default() -> Self {
+        // librdkafka's own default for transaction.timeout.ms.
+        TransactionConfig {
+            timeout: Duration::from_secs(60),
+        }
+    }
+}
+
+impl Default for ApiConfig {
+    fn default() -> Self {
+        ApiConfig {
+            listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
+            admin_token: None,
+            ready_max_age: None,
+        }
+    }
+}
+
+impl Default for ShutdownConfig {
+    fn default() -> Self {
+        ShutdownConfig {
+            timeout: Duration::from_secs(30),
+        }
+    }
+}
+
+/// A setting that takes one of a few names: the enum, `as_str`, `Display`, a `FromStr` whose
+/// error names the value found and the choices, and serde through those two.
+macro_rules! named {
+    ($(#[$doc:meta])* $ty:ident is $what:literal, use $fix:literal {
+        $($(#[$variant_doc:meta])* $variant:ident = $name:literal,)+
+    }) => {
+        $(#[$doc])*
+        #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+        #[serde(try_from = "String", into = "String")]
+        pub enum $ty {
+            $($(#[$variant_doc])* $variant,)+
+        }
+
+        impl $ty {
+            pub const fn as_str(self) -> &'static str {
+                match self {
+                    $($ty::$variant => $name,)+
+                }
+            }
+        }
+
+        impl FromStr for $ty {
+            type Err = String;
+
+            fn from_str(s: &str) -> Result<Self, String> {
+                match s {
+                    $($name => Ok($ty::$variant),)+
+                    _ => Err(format!(concat!("{:?} is not ", $what, ": use ", $fix), s)),
+                }
+            }
+        }
+
+        impl fmt::Display for $ty {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(self.as_str())
+            }
+        }
+
+        text_serde!($ty);
+    };
+}
+
+/// serde through `FromStr` and `Display` (`#[serde(try_from = "String", into = "String")]`).
+macro_rules! text_serde {
+    ($ty:ident) => {
+        impl TryFrom<String> for $ty {
+            type Error = String;
+
+            fn try_from(s: String) -> Result<Self, String> {
+                s.parse()
+            }
+        }
+
+        impl From<$ty> for String {
+            fn from(value: $ty) -> String {
+                value.to_string()
+            }
+        }
+    };
+}
+
+named! {
+    Delivery is "a delivery mode", use r#""exactly-once", "at-least-once" or "at-most-once""# {
+        #[default]
+        ExactlyOnce = "exactly-once",
+        AtLeastOnce = "at-least-once",
+        AtMostOnce = "at-most-once",
+    }
+}
+
+named! {
+    /// What to do when the source or sink cluster, or a source or sink topic, is another one than
+    /// the committed positions refer to (a rebuilt cluster, a topic deleted and created again).
+    IdentityPolicy is "an identity policy", use r#""stop" (stop and say what changed) or "restart" (bridge a recreated topic or rebuilt cluster again from its earliest offset)"# {
+        /// Stop with a message naming what changed and the ways out.
+        #[default]
+        Stop = "stop",
+        /// Bridge every source topic touched by the change again from its earliest offset;
+        /// logged at error level and counted.
+        Restart = "restart",
+    }
+}
+
+named! {
+    /// What to do when a position to resume from no longer exists because retention deleted it.
+    OutOfRange is "an out-of-range policy", use r#""fail" (stop) or "earliest" (resume from the oldest record kept, counting the records lost)"# {
+        #[default]
+        Fail = "fail",
+        /// Resume from the oldest record still kept; the records lost are counted and logged.
+        Earliest = "earliest",
+    }
+}
+
+named! {
+    /// What to do with a record the sink refuses for good (too large for the sink topic, invalid).
+    OnBadRecord is "a bad-record policy", use r#""stop" (abort and stop, naming the record) or "dead-letter" (write it to sink.dead_letter_topic and go on)"# {
+        /// Abort the transaction and stop, naming the record.
+        #[default]
+        Stop = "stop",
+        /// Write the record to the dead-letter topic instead, in the same transaction, and go on.
+        DeadLetter = "dead-letter",
+    }
+}
+
+named! {
+    Partitioning is "a partitioning", use r#""preserve" (sink partition = source partition) or "key" (partition by record key)"# {
+        /// Sink partition = source partition: the source order is kept whole.
+        #[default]
+        Preserve = "preserve",
+        /// Kafka's default (murmur2) partitioner on the record key: order is kept per key.
+        Key = "key",
+    }
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub enum StartPosition {
+    #[default]
+    Earliest,
+    Latest,
+    /// The first record at or after this time, in milliseconds since the Unix epoch.
+    Timestamp(i64),
+}
+
+impl FromStr for StartPosition {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        let fix = r#"use "earliest", "latest" or "timestamp:<milliseconds since the Unix epoch>", e.g. "timestamp:1700000000000""#;
+        match s {
+            "earliest" => Ok(StartPosition::Earliest),
+            "latest" => Ok(StartPosition::Latest),
+            _ => match s.strip_prefix("timestamp:") {
+                Some(ms) => match ms.parse::<i64>() {
+                    Ok(ms) if ms >= 0 => Ok(StartPosition::Timestamp(ms)),
+                    _ => Err(format!(
+                        "{s:?} has no valid timestamp: it must be a non-negative whole number of milliseconds; {fix}"
+                    )),
+                },
+                None => Err(format!("{s:?} is not a start position: {fix}")),
+            },
+        }
+    }
+}
+
+impl fmt::Display for StartPosition {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            StartPosition::Earliest => f.write_str("earliest"),
+            StartPosition::Latest => f.write_str("latest"),
+            StartPosition::Timestamp(ms) => write!(f, "timestamp:{ms}"),
+        }
+    }
+}
+
+text_serde!(StartPosition);
+
+/// librdkafka properties passed through to a client, by their dotted names. Written as a TOML
+/// table whose values may be strings, numbers or booleans; each becomes its text.
+#[derive(Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(transparent)]
 pub struct KafkaProps(BTreeMap<String, String>);
 
-/// A value that must not reach a log: its `Debug` prints `***` and it has no `Display`.
-#[derive(Clone, PartialEq, Eq)]
+/// A value that must not reach a log: its `Debug` prints `***` and it has no `Display`. It
+/// serializes as itself, to write a configuration file: never serialize a config into a log.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(transparent)]
 pub struct Secret(String);
 
 /// One problem with the configuration.
@@ -241,12 +467,25 @@ impl Config {
         file: Option<&Path>,
         env: &HashMap<String, String>,
     ) -> Result<Config, ConfigErrors> {
-        let root = layers(file, env)?;
-        let mut loader = Loader::default();
-        let (raw, source_kafka, sink_kafka) = loader.read(root);
-        let config = loader.resolve(raw, source_kafka, sink_kafka);
-        loader.validate(&config);
-        loader.finish(config)
+        let mut tree = layers(file, env)?;
+        let mut report = Report::default();
+        report.note_env(&tree);
+        report.flatten_kafka(&mut tree);
+        let mut config = report.read(&mut tree);
+        report.errors.sort_by(|a, b| a.key.cmp(&b.key));
+        report.bad_values.sort_by(|a, b| a.key.cmp(&b.key));
+        report.errors.append(&mut report.bad_values);
+        // Defaults made of other settings, known only now.
+        let sink = tree.get("sink").and_then(|s| s.clone().into_table().ok());
+        let written = |key: &str| sink.as_ref().is_some_and(|s| s.contains_key(key));
+        if !written("bootstrap_servers") {
+            config.sink.bootstrap_servers = config.source.bootstrap_servers.clone();
+        }
+        if !written("marker_topic") {
+            config.sink.marker_topic = default_marker_topic(&config.bridge.id);
+        }
+        report.check(&config);
+        report.finish(config)
     }
 
     /// [`Config::load`] with the process's environment.
@@ -281,9 +520,9 @@ impl Config {
 
     /// Checks the rules of [`Config::load`] again, for a config built or changed in code.
     pub fn validate(&self) -> Result<(), ConfigErrors> {
-        let mut loader = Loader::default();
-        loader.validate(self);
-        loader.finish(())
+        let mut report = Report::default();
+        report.check(self);
+        report.finish(())
     }
 
     /// The source topics to read.
@@ -370,224 +609,9 @@ impl Config {
     }
 }
 
-impl Delivery {
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            Delivery::ExactlyOnce => "exactly-once",
-            Delivery::AtLeastOnce => "at-least-once",
-            Delivery::AtMostOnce => "at-most-once",
-        }
-    }
-}
-
-impl OutOfRange {
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            OutOfRange::Fail => "fail",
-            OutOfRange::Earliest => "earliest",
-        }
-    }
-}
-
-impl OnBadRecord {
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            OnBadRecord::Stop => "stop",
-            OnBadRecord::DeadLetter => "dead-letter",
-        }
-    }
-}
-
-impl IdentityPolicy {
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            IdentityPolicy::Stop => "stop",
-            IdentityPolicy::Restart => "restart",
-        }
-    }
-}
-
-impl Partitioning {
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            Partitioning::Preserve => "preserve",
-            Partitioning::Key => "key",
-        }
-    }
-}
-
-impl FromStr for Delivery {
-    type Err = String;
-
-    fn from_str(s: &str) -> Result<Self, String> {
-        [Delivery::ExactlyOnce, Delivery::AtLeastOnce, Delivery::AtMostOnce]
-            .into_iter()
-            .find(|d| d.as_str() == s)
-            .ok_or_else(|| {
-                format!(r#"{s:?} is not a delivery mode: use "exactly-once", "at-least-once" or "at-most-once""#)
-            })
-    }
-}
-
-impl FromStr for OutOfRange {
-    type Err = String;
-
-    fn from_str(s: &str) -> Result<Self, String> {
-        match s {
-            "fail" => Ok(OutOfRange::Fail),
-            "earliest" => Ok(OutOfRange::Earliest),
-            _ => Err(format!(
-                r#"{s:?} is not an out-of-range policy: use "fail" (stop) or "earliest" (resume from the oldest record kept, counting the records lost)"#
-            )),
-        }
-    }
-}
-
-impl FromStr for IdentityPolicy {
-    type Err = String;
-
-    fn from_str(s: &str) -> Result<Self, String> {
-        match s {
-            "stop" => Ok(IdentityPolicy::Stop),
-            "restart" => Ok(IdentityPolicy::Restart),
-            _ => Err(format!(
-                r#"{s:?} is not an identity policy: use "stop" (stop and say what changed) or "restart" (bridge a recreated topic or rebuilt cluster again from its earliest offset)"#
-            )),
-        }
-    }
-}
-
-impl FromStr for Partitioning {
-    type Err = String;
-
-    fn from_str(s: &str) -> Result<Self, String> {
-        match s {
-            "preserve" => Ok(Partitioning::Preserve),
-            "key" => Ok(Partitioning::Key),
-            _ => Err(format!(
-                r#"{s:?} is not a partitioning: use "preserve" (sink partition = source partition) or "key" (partition by record key)"#
-            )),
-        }
-    }
-}
-
-impl FromStr for OnBadRecord {
-    type Err = String;
-
-    fn from_str(s: &str) -> Result<Self, String> {
-        match s {
-            "stop" => Ok(OnBadRecord::Stop),
-            "dead-letter" => Ok(OnBadRecord::DeadLetter),
-            _ => Err(format!(
-                r#"{s:?} is not a bad-record policy: use "stop" (abort and stop, naming the record) or "dead-letter" (write it to sink.dead_letter_topic and go on)"#
-            )),
-        }
-    }
-}
-
-impl FromStr for StartPosition {
-    type Err = String;
-
-    fn from_str(s: &str) -> Result<Self, String> {
-        let fix = r#"use "earliest", "latest" or "timestamp:<milliseconds since the Unix epoch>", e.g. "timestamp:1700000000000""#;
-        match s {
-            "earliest" => Ok(StartPosition::Earliest),
-            "latest" => Ok(StartPosition::Latest),
-            _ => match s.strip_prefix("timestamp:") {
-                Some(ms) => match ms.parse::<i64>() {
-                    Ok(ms) if ms >= 0 => Ok(StartPosition::Timestamp(ms)),
-                    _ => Err(format!(
-                        "{s:?} has no valid timestamp: it must be a non-negative whole number of milliseconds; {fix}"
-                    )),
-                },
-                None => Err(format!("{s:?} is not a start position: {fix}")),
-            },
-        }
-    }
-}
-
-impl fmt::Display for Delivery {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-impl fmt::Display for OutOfRange {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-impl fmt::Display for IdentityPolicy {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-impl fmt::Display for Partitioning {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-impl fmt::Display for OnBadRecord {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-impl fmt::Display for StartPosition {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            StartPosition::Earliest => f.write_str("earliest"),
-            StartPosition::Latest => f.write_str("latest"),
-            StartPosition::Timestamp(ms) => write!(f, "timestamp:{ms}"),
-        }
-    }
-}
-
-impl Default for CheckpointConfig {
-    fn default() -> Self {
-        CheckpointConfig {
-            interval: Duration::from_secs(1),
-            min_pause: Duration::ZERO,
-            timeout: Duration::from_secs(30),
-            retain: 3,
-            max_bytes: DEFAULT_EPOCH_MAX_BYTES,
-        }
-    }
-}
-
 impl CheckpointConfig {
     fn default_ready_max_age(&self) -> Duration {
         self.interval.saturating_mul(3).saturating_add(self.timeout)
-    }
-}
-
-impl Default for TransactionConfig {
-    fn default() -> Self {
-        // librdkafka's own default for transaction.timeout.ms.
-        TransactionConfig {
-            timeout: Duration::from_secs(60),
-        }
-    }
-}
-
-impl Default for ApiConfig {
-    fn default() -> Self {
-        ApiConfig {
-            listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
-            admin_token: None,
-            ready_max_age: None,
-        }
-    }
-}
-
-impl Default for ShutdownConfig {
-    fn default() -> Self {
-        ShutdownConfig {
-            timeout: Duration::from_secs(30),
-        }
     }
 }
 
@@ -611,16 +635,15 @@ impl KafkaProps {
     /// Whether a property's value is a credential, to be kept out of logs and `Debug` output.
     pub fn is_sensitive(key: &str) -> bool {
         let key = key.to_ascii_lowercase();
-        [
+        let words = [
             "password",
             "secret",
             "jaas",
             "token",
             "credential",
             "oauthbearer.config",
-        ]
-        .iter()
-        .any(|word| key.contains(word))
+        ];
+        words.iter().any(|word| key.contains(word))
             || key.ends_with(".key")
             || key.ends_with("key.pem")
     }
@@ -638,18 +661,11 @@ impl<K: Into<String>, V: Into<String>> FromIterator<(K, V)> for KafkaProps {
 
 impl fmt::Debug for KafkaProps {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_map()
-            .entries(self.iter().map(|(k, v)| {
-                (
-                    k,
-                    if KafkaProps::is_sensitive(k) {
-                        "***"
-                    } else {
-                        v
-                    },
-                )
-            }))
-            .finish()
+        let shown = self.iter().map(|(k, v)| match KafkaProps::is_sensitive(k) {
+            true => (k, "***"),
+            false => (k, v),
+        });
+        f.debug_map().entries(shown).finish()
     }
 }
 
@@ -699,8 +715,66 @@ impl TopicMatcher {
     }
 }
 
-/// Merges the file and the environment into one tree. Defaults are not a layer: they are applied
-/// while resolving, where a missing key and a bad value can be told apart.
+/// [`count`] for an optional key: absent stays None through the section's default.
+fn count_opt<'de, D: Deserializer<'de>, T: TryFrom<u64>>(d: D) -> Result<Option<T>, D::Error> {
+    count(d).map(Some)
+}
+
+/// A whole number: an integer in the file, digits in the environment (the `config` crate alone
+/// would also read "yes" as 1).
+fn count<'de, D: Deserializer<'de>, T: TryFrom<u64>>(deserializer: D) -> Result<T, D::Error> {
+    let n: u64 = match Any::deserialize(deserializer)? {
+        Any::Number(n) if n.as_i64().is_some_and(|n| n < 0) => {
+            let message = format!("{n} is negative: use a whole number of 0 or more");
+            return Err(de::Error::custom(message));
+        }
+        Any::String(s) => s.trim().parse().map_err(|_| {
+            de::Error::custom(format!(
+                r#"{s:?} is not a whole number: write digits only, such as "3""#
+            ))
+        })?,
+        other => other
+            .as_u64()
+            .ok_or_else(|| de::Error::custom(format!("{other} is not a whole number such as 3")))?,
+    };
+    T::try_from(n).map_err(|_| de::Error::custom(format!("{n} is too large")))
+}
+
+/// Topic names: a list in the file, or one string of comma-separated names (the environment's way
+/// to write a list). Blank names in a string are dropped, so that a trailing comma is harmless and
+/// an empty value clears a list set by the file.
+fn topic_list<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Vec<String>, D::Error> {
+    let items = match Any::deserialize(deserializer)? {
+        Any::String(s) => {
+            let names = s.split(',').map(str::trim).filter(|t| !t.is_empty());
+            return Ok(names.map(String::from).collect());
+        }
+        Any::Array(items) => items,
+        other => {
+            return Err(de::Error::custom(format!(
+                r#"{other} is not a list of topic names: write ["a", "b"] in the file, "a,b" in the environment"#
+            )))
+        }
+    };
+    let name = |(i, item): (usize, Any)| match item {
+        Any::String(t) => Ok(t.trim().to_string()),
+        other => Err(de::Error::custom(format!(
+            "[{i}] is {other}, not a topic name: write each topic as a string"
+        ))),
+    };
+    items.into_iter().enumerate().map(name).collect()
+}
+
+fn listen_addr<'de, D: Deserializer<'de>>(deserializer: D) -> Result<SocketAddr, D::Error> {
+    let s = String::deserialize(deserializer)?;
+    s.trim().parse().map_err(|e| {
+        de::Error::custom(format!(
+            r#"{s:?} is not an address to listen on ({e}): write an IP address and a port, e.g. "127.0.0.1:8080" or "0.0.0.0:8080""#
+        ))
+    })
+}
+
+/// Merges the file and the environment into one tree; the defaults are the structs' own.
 fn layers(
     file: Option<&Path>,
     env: &HashMap<String, String>,
@@ -710,7 +784,7 @@ fn layers(
         builder = builder.add_source(File::from(path).format(FileFormat::Toml).required(true));
     }
     // No try_parsing and no list_separator: both rewrite strings behind our back ("007" becomes
-    // 7, every string a list); values are parsed by the deserializers below instead.
+    // 7, every string a list); values are parsed by the field types instead.
     let env: LayerMap<String, String> = env.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
     builder = builder.add_source(
         Environment::with_prefix(ENV_PREFIX)
@@ -732,337 +806,32 @@ fn is_ours(env_name: &str) -> bool {
         .starts_with(&format!("{ENV_PREFIX}{ENV_SEPARATOR}"))
 }
 
-/// What the file and the environment say, before defaults. Each section lists the keys it accepts
-/// as its fields (the two `kafka` tables aside), and every field is read on its own.
-#[derive(Default, serde::Deserialize)]
-#[serde(default, deny_unknown_fields)]
-struct RawConfig {
-    bridge: RawBridge,
-    source: RawSource,
-    sink: RawSink,
-    checkpoint: RawCheckpoint,
-    transaction: RawTransaction,
-    api: RawApi,
-    shutdown: RawShutdown,
-}
-
-#[derive(Default, serde::Deserialize)]
-#[serde(default, deny_unknown_fields)]
-struct RawBridge {
-    id: Field<String>,
-    instance: Field<Count<u32>>,
-    instances: Field<Count<u32>>,
-    state_dir: Field<String>,
-    delivery: Field<Parse<Delivery>>,
-    on_identity_change: Field<Parse<IdentityPolicy>>,
-}
-
-#[derive(Default, serde::Deserialize)]
-#[serde(default, deny_unknown_fields)]
-struct RawSource {
-    bootstrap_servers: Field<String>,
-    topics: Field<TopicList>,
-    topic_pattern: Field<String>,
-    topic_exclude: Field<String>,
-    start: Field<Parse<StartPosition>>,
-    on_offset_out_of_range: Field<Parse<OutOfRange>>,
-}
-
-#[derive(Default, serde::Deserialize)]
-#[serde(default, deny_unknown_fields)]
-struct RawSink {
-    bootstrap_servers: Field<String>,
-    topic: Field<String>,
-    partitioning: Field<Parse<Partitioning>>,
-    marker_topic: Field<String>,
-    on_bad_record: Field<Parse<OnBadRecord>>,
-    dead_letter_topic: Field<String>,
-    max_in_flight_bytes: Field<Count<u64>>,
-    replication_factor: Field<Count<u16>>,
-    topic_config_exclude: Field<TopicList>,
-}
-
-#[derive(Default, serde::Deserialize)]
-#[serde(default, deny_unknown_fields)]
-struct RawCheckpoint {
-    interval: Field<HumanDuration>,
-    min_pause: Field<HumanDuration>,
-    timeout: Field<HumanDuration>,
-    retain: Field<Count<usize>>,
-    max_bytes: Field<Count<u64>>,
-}
-
-#[derive(Default, serde::Deserialize)]
-#[serde(default, deny_unknown_fields)]
-struct RawTransaction {
-    timeout: Field<HumanDuration>,
-}
-
-#[derive(Default, serde::Deserialize)]
-#[serde(default, deny_unknown_fields)]
-struct RawApi {
-    listen: Field<Parse<ListenAddr>>,
-    admin_token: Field<String>,
-    ready_max_age: Field<HumanDuration>,
-}
-
-#[derive(Default, serde::Deserialize)]
-#[serde(default, deny_unknown_fields)]
-struct RawShutdown {
-    timeout: Field<HumanDuration>,
-}
-
-/// The keys a section accepts, and whether it has a librdkafka `kafka` table.
-fn section_keys(section: &str) -> Option<(&'static [&'static str], bool)> {
-    Some(match section {
-        "bridge" => (field_names::<RawBridge>(), false),
-        "source" => (field_names::<RawSource>(), true),
-        "sink" => (field_names::<RawSink>(), true),
-        "checkpoint" => (field_names::<RawCheckpoint>(), false),
-        "transaction" => (field_names::<RawTransaction>(), false),
-        "api" => (field_names::<RawApi>(), false),
-        "shutdown" => (field_names::<RawShutdown>(), false),
-        _ => return None,
-    })
-}
-
-/// The field names serde derived for `T`, so that the structs above stay the one list of keys:
-/// serde hands them to `deserialize_struct`, where this probe keeps them and gives up.
-fn field_names<T: for<'de> Deserialize<'de>>() -> &'static [&'static str] {
-    struct Probe<'a>(&'a mut &'static [&'static str]);
-
-    impl<'de> Deserializer<'de> for Probe<'_> {
-        type Error = de::value::Error;
-
-        fn deserialize_any<V: Visitor<'de>>(self, _: V) -> Result<V::Value, Self::Error> {
-            Err(de::Error::custom("not a struct"))
-        }
-
-        fn deserialize_struct<V: Visitor<'de>>(
-            self,
-            _: &'static str,
-            fields: &'static [&'static str],
-            _: V,
-        ) -> Result<V::Value, Self::Error> {
-            *self.0 = fields;
-            Err(de::Error::custom("field names taken"))
-        }
-
-        serde::forward_to_deserialize_any! {
-            bool i8 i16 i32 i64 i128 u8 u16 u32 u64 u128 f32 f64 char str string bytes byte_buf
-            option unit unit_struct newtype_struct seq tuple tuple_struct map enum identifier
-            ignored_any
-        }
-    }
-
-    let mut fields: &'static [&'static str] = &[];
-    let _ = T::deserialize(Probe(&mut fields));
-    fields
-}
-
-/// One key's value as written. A bad value is kept as its message instead of failing the whole
-/// section, so that one load reports every bad value. That is sound only because each value of
-/// the `config` crate's tree is deserialized from an owned, self-contained `Value`: giving up on
-/// one leaves nothing half-read behind.
+/// The errors of one load, and what the rules need to know about the values behind them.
 #[derive(Default)]
-enum Field<T> {
-    #[default]
-    Unset,
-    Set(T),
-    Invalid(String),
-}
-
-impl<'de, T: Deserialize<'de>> Deserialize<'de> for Field<T> {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        Ok(match T::deserialize(deserializer) {
-            Ok(value) => Field::Set(value),
-            Err(e) => Field::Invalid(one_line(&e.to_string())),
-        })
-    }
-}
-
-/// A whole number written as a number (file) or a string of digits (environment). The `config`
-/// crate's own integer parsing would also take "yes" for 1.
-struct Count<T>(T);
-
-impl<'de, T: TryFrom<u64>> Deserialize<'de> for Count<T> {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        struct Whole;
-
-        impl Visitor<'_> for Whole {
-            type Value = u64;
-
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("a whole number such as 3")
-            }
-
-            fn visit_u64<E: de::Error>(self, v: u64) -> Result<u64, E> {
-                Ok(v)
-            }
-
-            fn visit_i64<E: de::Error>(self, v: i64) -> Result<u64, E> {
-                u64::try_from(v).map_err(|_| {
-                    E::custom(format!("{v} is negative: use a whole number of 0 or more"))
-                })
-            }
-
-            fn visit_str<E: de::Error>(self, v: &str) -> Result<u64, E> {
-                v.trim().parse().map_err(|_| {
-                    E::custom(format!(
-                        "{v:?} is not a whole number: write digits only, such as \"3\""
-                    ))
-                })
-            }
-        }
-
-        let n = deserializer.deserialize_any(Whole)?;
-        T::try_from(n)
-            .map(Count)
-            .map_err(|_| de::Error::custom(format!("{n} is too large")))
-    }
-}
-
-/// A duration in humantime's notation: "500ms", "1s", "2m", "1h 30m".
-struct HumanDuration(Duration);
-
-impl<'de> Deserialize<'de> for HumanDuration {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        struct Human;
-
-        impl Visitor<'_> for Human {
-            type Value = HumanDuration;
-
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                write!(f, "a duration: {DURATION_EXAMPLES}")
-            }
-
-            fn visit_str<E: de::Error>(self, v: &str) -> Result<HumanDuration, E> {
-                humantime::parse_duration(v.trim())
-                    .map(HumanDuration)
-                    .map_err(|e| {
-                        E::custom(format!(
-                            "{v:?} is not a duration ({e}): {DURATION_EXAMPLES}"
-                        ))
-                    })
-            }
-
-            // A bare number is refused rather than guessed: seconds and milliseconds are both
-            // common conventions.
-            fn visit_i64<E: de::Error>(self, v: i64) -> Result<HumanDuration, E> {
-                Err(E::custom(format!(
-                    "{v} has no unit: write \"{v}s\" for seconds or \"{v}ms\" for milliseconds"
-                )))
-            }
-
-            fn visit_u64<E: de::Error>(self, v: u64) -> Result<HumanDuration, E> {
-                Err(E::custom(format!(
-                    "{v} has no unit: write \"{v}s\" for seconds or \"{v}ms\" for milliseconds"
-                )))
-            }
-        }
-
-        deserializer.deserialize_any(Human)
-    }
-}
-
-/// Topic names: a TOML array from the file, "a,b,c" from the environment.
-struct TopicList(Vec<String>);
-
-impl<'de> Deserialize<'de> for TopicList {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        struct Topics;
-
-        impl<'de> Visitor<'de> for Topics {
-            type Value = TopicList;
-
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str(
-                    r#"a list of topic names: ["a", "b"] in the file, "a,b" in the environment"#,
-                )
-            }
-
-            // Blank entries are dropped so that a trailing comma is harmless and an empty string
-            // clears a list set by the file.
-            fn visit_str<E: de::Error>(self, v: &str) -> Result<TopicList, E> {
-                Ok(TopicList(
-                    v.split(',')
-                        .map(str::trim)
-                        .filter(|t| !t.is_empty())
-                        .map(String::from)
-                        .collect(),
-                ))
-            }
-
-            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<TopicList, A::Error> {
-                let mut topics = Vec::new();
-                while let Some(topic) = seq.next_element::<String>()? {
-                    topics.push(topic.trim().to_string());
-                }
-                Ok(TopicList(topics))
-            }
-        }
-
-        deserializer.deserialize_any(Topics)
-    }
-}
-
-/// A string read with `T`'s `FromStr`, whose error message names the value and the fix.
-struct Parse<T>(T);
-
-impl<'de, T: FromStr<Err: fmt::Display>> Deserialize<'de> for Parse<T> {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        struct Text<T>(PhantomData<T>);
-
-        impl<T: FromStr<Err: fmt::Display>> Visitor<'_> for Text<T> {
-            type Value = Parse<T>;
-
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("a string")
-            }
-
-            fn visit_str<E: de::Error>(self, v: &str) -> Result<Parse<T>, E> {
-                v.parse().map(Parse).map_err(E::custom)
-            }
-        }
-
-        deserializer.deserialize_any(Text(PhantomData))
-    }
-}
-
-struct ListenAddr(SocketAddr);
-
-impl FromStr for ListenAddr {
-    type Err = String;
-
-    fn from_str(s: &str) -> Result<Self, String> {
-        s.trim().parse().map(ListenAddr).map_err(|e| {
-            format!(r#"{s:?} is not an address to listen on ({e}): write an IP address and a port, e.g. "127.0.0.1:8080" or "0.0.0.0:8080""#)
-        })
-    }
-}
-
-/// Collects errors across reading, resolving and validating.
-#[derive(Default)]
-struct Loader {
+struct Report {
+    /// Unknown keys and misshapen tables, then (in `bad_values` until all are read) values that
+    /// did not parse, then broken rules.
     errors: Vec<ConfigError>,
+    bad_values: Vec<ConfigError>,
     /// Keys whose value did not parse. Rules that read them are skipped: judged on a stand-in
     /// default, they would report a value the user never wrote.
-    broken: BTreeSet<String>,
+    broken: Vec<String>,
     /// The environment variable behind each key set from the environment, to point at it.
     env_names: BTreeMap<String, String>,
 }
 
-impl Loader {
+impl Report {
     fn fail(&mut self, key: &str, message: impl Into<String>) {
-        let mut message = message.into();
-        if let Some(var) = self.env_names.get(key) {
-            message = format!("{message} (set by {var})");
-        }
-        self.errors.push(ConfigError::new(key, message));
+        let error = self.with_env(key, message);
+        self.errors.push(error);
     }
 
-    fn usable(&self, keys: &[&str]) -> bool {
-        keys.iter().all(|k| !self.broken.contains(*k))
+    fn with_env(&self, key: &str, message: impl Into<String>) -> ConfigError {
+        let message = message.into();
+        match self.env_names.get(key) {
+            Some(var) => ConfigError::new(key, format!("{message} (set by {var})")),
+            None => ConfigError::new(key, message),
+        }
     }
 
     fn finish<T>(self, value: T) -> Result<T, ConfigErrors> {
@@ -1073,132 +842,124 @@ impl Loader {
         }
     }
 
-    /// Walks the merged tree: rejects unknown keys (all of them, with their full names), takes the
-    /// two librdkafka tables out, and reads what is left into the raw sections.
-    fn read(&mut self, root: LayerMap<String, Value>) -> (RawConfig, KafkaProps, KafkaProps) {
-        let sections = field_names::<RawConfig>();
-        let (mut source_kafka, mut sink_kafka) = (KafkaProps::default(), KafkaProps::default());
-        let mut known = LayerMap::new();
-        for (section, value) in sorted(root) {
-            let Some((keys, has_kafka)) = section_keys(&section) else {
-                self.unknown(&section, &value, "the top level", sections);
-                continue;
+    fn note_env(&mut self, tree: &LayerMap<String, Value>) {
+        let root = Value::new(None, ValueKind::Table(tree.clone()));
+        for (path, value) in leaves_of(&[], &root) {
+            if value.origin() == Some(ENV_ORIGIN) {
+                self.env_names.insert(path.join("."), env_name(&path));
+            }
+        }
+    }
+
+    /// Deserializes the tree into a `Config`, one error at a time: each bad value is reported,
+    /// taken out (its default stands in) and the rest read again, so that one load names them all.
+    fn read(&mut self, tree: &mut LayerMap<String, Value>) -> Config {
+        loop {
+            let root = Value::new(None, ValueKind::Table(tree.clone()));
+            let error = match serde_path_to_error::deserialize::<_, Config>(root) {
+                Ok(config) => return config,
+                Err(error) => error,
             };
-            let ValueKind::Table(table) = value.kind else {
-                self.broken
-                    .extend(keys.iter().map(|key| format!("{section}.{key}")));
-                self.note_env(&section, &value);
-                self.fail(
-                    &section,
-                    format!("expected a table of settings, found a value: set its keys, e.g. [{section}] in the file"),
-                );
-                continue;
-            };
-            let mut kept = LayerMap::new();
-            for (key, value) in sorted(table) {
-                let path = format!("{section}.{key}");
-                if has_kafka && key == "kafka" {
-                    let props = self.kafka_props(&path, value);
-                    if section == "source" {
-                        source_kafka = props;
-                    } else {
-                        sink_kafka = props;
-                    }
-                } else if keys.contains(&key.as_str()) {
-                    self.note_env(&path, &value);
-                    kept.insert(key, value);
-                } else {
-                    let mut accepted = keys.to_vec();
-                    if has_kafka {
-                        accepted.push("kafka");
-                    }
-                    self.unknown(&path, &value, &format!("[{section}]"), &accepted);
+            let mut path = Vec::new();
+            for segment in error.path().iter() {
+                match segment {
+                    serde_path_to_error::Segment::Map { key } => path.push(key.clone()),
+                    _ => break,
                 }
             }
-            known.insert(section, Value::new(None, ValueKind::Table(kept)));
-        }
-        let raw = Value::new(None, ValueKind::Table(known))
-            .try_deserialize::<RawConfig>()
-            .unwrap_or_else(|e| {
-                // Unknown keys were taken out above and every field reads on its own, so this
-                // is a bug of this module rather than of the configuration.
-                self.fail("configuration", one_line(&e.to_string()));
-                RawConfig::default()
-            });
-        (raw, source_kafka, sink_kafka)
-    }
-
-    fn unknown(&mut self, path: &str, value: &Value, place: &str, accepted: &[&str]) {
-        let mut vars = Vec::new();
-        env_leaves(path, value, &mut vars);
-        let from = match vars.len() {
-            0 => String::new(),
-            _ => format!(" (set by {})", vars.join(", ")),
-        };
-        self.errors.push(ConfigError::new(
-            path,
-            format!(
-                "unknown key{from}: {place} accepts {}; check the spelling",
-                accepted.join(", ")
-            ),
-        ));
-    }
-
-    fn note_env(&mut self, path: &str, value: &Value) {
-        if value.origin() == Some(ENV_ORIGIN) {
-            self.env_names
-                .insert(path.to_string(), env_name(path.split('.')));
-        }
-    }
-
-    /// Flattens a librdkafka table (TOML dotted keys make nested tables) into dotted names, with
-    /// `_` read as `.`. A property set both in the file and in the environment takes the
-    /// environment's value, however each one spelled the name.
-    fn kafka_props(&mut self, path: &str, value: Value) -> KafkaProps {
-        if !matches!(value.kind, ValueKind::Table(_)) {
-            self.note_env(path, &value);
-            self.fail(
-                path,
-                format!(r#"expected a table of librdkafka properties, e.g. [{path}] "compression.type" = "zstd""#),
-            );
-            return KafkaProps::default();
-        }
-        let mut leaves = Vec::new();
-        flatten(Vec::new(), value, &mut leaves);
-        // Stable: within each origin the order stays sorted; the environment's come last and win.
-        leaves.sort_by_key(|(_, v)| v.origin() == Some(ENV_ORIGIN));
-        let mut props: BTreeMap<String, (String, bool, String)> = BTreeMap::new();
-        for (segments, leaf) in leaves {
-            let spelled = segments.join(".");
-            let name = spelled.replace('_', ".");
-            let key = format!("{path}.{name}");
-            let from_env = leaf.origin() == Some(ENV_ORIGIN);
-            if from_env {
-                self.env_names.insert(
-                    key.clone(),
-                    env_name(path.split('.').chain(segments.iter().map(String::as_str))),
-                );
+            path.truncate(2);
+            let reason = reason(error.inner());
+            let Some(found) = remove(tree, &path) else {
+                // Every value has a path in the tree: this is a bug of this module.
+                self.fail("configuration", reason);
+                return Config::default();
+            };
+            let key = path.join(".");
+            if let Some(accepted) = reason.strip_prefix("unknown field `") {
+                let accepted = accepted.split_once(", expected ").map_or("", |(_, a)| a);
+                let accepted = accepted.trim_start_matches("one of ").replace('`', "");
+                let vars: Vec<String> = leaves_of(&path, &found)
+                    .filter(|(_, v)| v.origin() == Some(ENV_ORIGIN))
+                    .map(|(p, _)| env_name(&p))
+                    .collect();
+                let from = match vars.len() {
+                    0 => String::new(),
+                    _ => format!(" (set by {})", vars.join(", ")),
+                };
+                let place = match &path[..] {
+                    [_] => "the top level".to_string(),
+                    _ => format!("[{}]", path[..path.len() - 1].join(".")),
+                };
+                let message =
+                    format!("unknown key{from}: {place} accepts {accepted}; check the spelling");
+                self.errors.push(ConfigError::new(key, message));
+                continue;
             }
-            let text = match leaf.kind {
-                ValueKind::Nil => continue,
-                ValueKind::Array(_) => {
-                    self.broken.insert(key.clone());
-                    self.fail(
-                        &key,
-                        "librdkafka properties are single values: write a list as one comma-separated string",
-                    );
+            self.broken.push(key.clone());
+            let message = match (&path[..], &found.kind) {
+                ([section], kind) if !matches!(kind, ValueKind::Table(_)) => {
+                    let message = format!("expected a table of settings, found a value: set its keys, e.g. [{section}] in the file");
+                    self.fail(&key, message);
                     continue;
                 }
-                _ => match leaf.into_string() {
-                    Ok(text) => text,
-                    Err(e) => {
-                        self.fail(&key, one_line(&e.to_string()));
+                // humantime-serde names neither the value nor the notation.
+                _ if reason.ends_with("expected a duration") => bad_duration(&found),
+                _ => reason,
+            };
+            let error = self.with_env(&key, message);
+            self.bad_values.push(error);
+        }
+    }
+
+    /// Flattens the librdkafka tables (TOML dotted keys make nested tables) into dotted names,
+    /// with `_` read as `.`. A property set both in the file and in the environment takes the
+    /// environment's value, however each one spelled the name.
+    fn flatten_kafka(&mut self, tree: &mut LayerMap<String, Value>) {
+        for section in ["source", "sink"] {
+            let Some(Value {
+                kind: ValueKind::Table(table),
+                ..
+            }) = tree.get_mut(section)
+            else {
+                continue;
+            };
+            let Some(kafka) = table.remove("kafka") else {
+                continue;
+            };
+            let path = format!("{section}.kafka");
+            if !matches!(kafka.kind, ValueKind::Table(_)) {
+                self.broken.push(path.clone());
+                self.fail(
+                    &path,
+                    format!(r#"expected a table of librdkafka properties, e.g. [{path}] "compression.type" = "zstd""#),
+                );
+                continue;
+            }
+            let mut props: Vec<(Vec<String>, Value)> = leaves_of(&[], &kafka).collect();
+            // Stable: within each origin the order stays sorted; the environment's come last and win.
+            props.sort_by_key(|(_, v)| v.origin() == Some(ENV_ORIGIN));
+            let mut flat: BTreeMap<String, (String, bool, Value)> = BTreeMap::new();
+            for (segments, leaf) in props {
+                let spelled = segments.join(".");
+                let name = spelled.replace('_', ".");
+                let key = format!("{path}.{name}");
+                let from_env = leaf.origin() == Some(ENV_ORIGIN);
+                if from_env {
+                    let var = [section, "kafka"]
+                        .into_iter()
+                        .chain(segments.iter().map(String::as_str));
+                    self.env_names.insert(key.clone(), env_name(var));
+                }
+                match leaf.kind {
+                    ValueKind::Nil => continue,
+                    ValueKind::Array(_) => {
+                        self.broken.push(key.clone());
+                        self.fail(&key, "librdkafka properties are single values: write a list as one comma-separated string");
                         continue;
                     }
-                },
-            };
-            if let Some((other, other_from_env, _)) = props.get(&name) {
-                if *other_from_env == from_env {
+                    _ => {}
+                }
+                if let Some((other, _, _)) = flat.get(&name).filter(|(_, e, _)| *e == from_env) {
                     let place = if from_env {
                         "the environment"
                     } else {
@@ -1209,828 +970,627 @@ impl Loader {
                     self.fail(&key, message);
                     continue;
                 }
+                flat.insert(name, (spelled, from_env, leaf));
             }
-            props.insert(name, (spelled, from_env, text));
-        }
-        KafkaProps(
-            props
-                .into_iter()
-                .map(|(name, (_, _, text))| (name, text))
-                .collect(),
-        )
-    }
-
-    /// Reads a field: its value, `None` when unset, or `None` and an error when it did not parse.
-    fn take<T>(&mut self, key: &str, field: Field<T>) -> Option<T> {
-        match field {
-            Field::Unset => None,
-            Field::Set(value) => Some(value),
-            Field::Invalid(message) => {
-                self.broken.insert(key.to_string());
-                self.fail(key, message);
-                None
-            }
-        }
-    }
-
-    /// Applies the defaults to what was read.
-    fn resolve(
-        &mut self,
-        raw: RawConfig,
-        source_kafka: KafkaProps,
-        sink_kafka: KafkaProps,
-    ) -> Config {
-        let RawConfig {
-            bridge: b,
-            source: s,
-            sink: k,
-            checkpoint: c,
-            transaction: t,
-            api: a,
-            shutdown: d,
-        } = raw;
-        let bridge = BridgeConfig {
-            // Required: validation reports it missing.
-            id: self.take("bridge.id", b.id).unwrap_or_default(),
-            instance: self
-                .take("bridge.instance", b.instance)
-                .map_or(0, |Count(n)| n),
-            instances: self
-                .take("bridge.instances", b.instances)
-                .map_or(1, |Count(n)| n),
-            state_dir: self
-                .take("bridge.state_dir", b.state_dir)
-                .unwrap_or_else(|| "state".into())
-                .into(),
-            delivery: self
-                .take("bridge.delivery", b.delivery)
-                .map_or(Delivery::ExactlyOnce, |Parse(v)| v),
-            on_identity_change: self
-                .take("bridge.on_identity_change", b.on_identity_change)
-                .map_or(IdentityPolicy::Stop, |Parse(v)| v),
-        };
-        let source = SourceConfig {
-            bootstrap_servers: self
-                .take("source.bootstrap_servers", s.bootstrap_servers)
-                .unwrap_or_default(),
-            topics: self
-                .take("source.topics", s.topics)
-                .map_or_else(Vec::new, |TopicList(t)| t),
-            topic_pattern: self.take("source.topic_pattern", s.topic_pattern),
-            topic_exclude: self.take("source.topic_exclude", s.topic_exclude),
-            start: self
-                .take("source.start", s.start)
-                .map_or(StartPosition::Earliest, |Parse(v)| v),
-            on_offset_out_of_range: self
-                .take("source.on_offset_out_of_range", s.on_offset_out_of_range)
-                .map_or(OutOfRange::Fail, |Parse(v)| v),
-            kafka: source_kafka,
-        };
-        let sink_servers = self.take("sink.bootstrap_servers", k.bootstrap_servers);
-        let mut sink = SinkConfig {
-            bootstrap_servers: sink_servers.unwrap_or_else(|| source.bootstrap_servers.clone()),
-            topic: self
-                .take("sink.topic", k.topic)
-                .unwrap_or_else(|| SOURCE_TOPIC_PLACEHOLDER.to_string()),
-            partitioning: self
-                .take("sink.partitioning", k.partitioning)
-                .map_or(Partitioning::Preserve, |Parse(v)| v),
-            marker_topic: self
-                .take("sink.marker_topic", k.marker_topic)
-                .unwrap_or_else(|| default_marker_topic(&bridge.id)),
-            on_bad_record: self
-                .take("sink.on_bad_record", k.on_bad_record)
-                .map_or(OnBadRecord::Stop, |Parse(v)| v),
-            dead_letter_topic: DEFAULT_DEAD_LETTER_TOPIC.to_string(),
-            max_in_flight_bytes: self
-                .take("sink.max_in_flight_bytes", k.max_in_flight_bytes)
-                .map_or(DEFAULT_MAX_IN_FLIGHT_BYTES, |Count(n)| n),
-            replication_factor: self
-                .take("sink.replication_factor", k.replication_factor)
-                .map(|Count(n)| n),
-            topic_config_exclude: self
-                .take("sink.topic_config_exclude", k.topic_config_exclude)
-                .map_or_else(Vec::new, |TopicList(t)| t),
-            kafka: sink_kafka,
-        };
-        if let Some(topic) = self.take("sink.dead_letter_topic", k.dead_letter_topic) {
-            // Only here is it known whether the key was written: a dead-letter topic that is never
-            // used is a half-finished configuration, not something to ignore.
-            if sink.on_bad_record != OnBadRecord::DeadLetter && self.usable(&["sink.on_bad_record"])
-            {
-                self.fail(
-                    "sink.dead_letter_topic",
-                    format!(
-                        r#"{topic:?} is set but sink.on_bad_record is "{}", which never writes to it: set on_bad_record = "dead-letter" in [sink], or remove dead_letter_topic"#,
-                        sink.on_bad_record
-                    ),
-                );
-            }
-            sink.dead_letter_topic = topic;
-        }
-        let dc = CheckpointConfig::default();
-        let checkpoint = CheckpointConfig {
-            interval: self
-                .take("checkpoint.interval", c.interval)
-                .map_or(dc.interval, |HumanDuration(v)| v),
-            min_pause: self
-                .take("checkpoint.min_pause", c.min_pause)
-                .map_or(dc.min_pause, |HumanDuration(v)| v),
-            timeout: self
-                .take("checkpoint.timeout", c.timeout)
-                .map_or(dc.timeout, |HumanDuration(v)| v),
-            retain: self
-                .take("checkpoint.retain", c.retain)
-                .map_or(dc.retain, |Count(n)| n),
-            max_bytes: self
-                .take("checkpoint.max_bytes", c.max_bytes)
-                .map_or(dc.max_bytes, |Count(n)| n),
-        };
-        let transaction = TransactionConfig {
-            timeout: self
-                .take("transaction.timeout", t.timeout)
-                .map_or(TransactionConfig::default().timeout, |HumanDuration(v)| v),
-        };
-        let api = ApiConfig {
-            listen: self
-                .take("api.listen", a.listen)
-                .map_or(ApiConfig::default().listen, |Parse(ListenAddr(v))| v),
-            admin_token: self.take("api.admin_token", a.admin_token).map(Secret),
-            ready_max_age: self
-                .take("api.ready_max_age", a.ready_max_age)
-                .map(|HumanDuration(v)| v),
-        };
-        let shutdown = ShutdownConfig {
-            timeout: self
-                .take("shutdown.timeout", d.timeout)
-                .map_or(ShutdownConfig::default().timeout, |HumanDuration(v)| v),
-        };
-        Config {
-            bridge,
-            source,
-            sink,
-            checkpoint,
-            transaction,
-            api,
-            shutdown,
-        }
-    }
-
-    fn validate(&mut self, c: &Config) {
-        self.validate_bridge(&c.bridge);
-        self.validate_source(&c.source);
-        self.validate_sink(c);
-        self.validate_dead_letter(c);
-        self.validate_timeouts(c);
-        self.validate_passthrough(c);
-        if let Some(token) = &c.api.admin_token {
-            if token.expose().is_empty() {
-                self.fail(
-                    "api.admin_token",
-                    "is empty: set a long random token, or leave the key out",
-                );
-            }
-        }
-        if c.api.ready_max_age == Some(Duration::ZERO) && self.usable(&["api.ready_max_age"]) {
-            self.fail(
-                "api.ready_max_age",
-                format!(
-                    r#""0s" would never report ready: leave it out for the default ({}) or {DURATION_EXAMPLES}"#,
-                    show(c.checkpoint.default_ready_max_age())
-                ),
-            );
-        }
-        if c.shutdown.timeout.is_zero() && self.usable(&["shutdown.timeout"]) {
-            self.fail(
-                "shutdown.timeout",
-                r#""0s" leaves no time to finish the last checkpoint: use e.g. "30s""#,
+            let flat = flat.into_iter().map(|(name, (_, _, v))| (name, v));
+            table.insert(
+                "kafka".into(),
+                Value::new(None, ValueKind::Table(flat.collect())),
             );
         }
     }
 
-    fn validate_bridge(&mut self, b: &BridgeConfig) {
-        if self.usable(&["bridge.id"]) {
-            if b.id.is_empty() {
-                self.fail(
-                    "bridge.id",
-                    r#"is required: name the bridge, e.g. id = "orders-mirror" in [bridge] or EOS_BRIDGE__BRIDGE__ID=orders-mirror; it keys the transactional id and the commit markers, so keep it stable"#,
-                );
-            } else if !b
-                .id
-                .chars()
-                .all(|ch| ch.is_ascii_alphanumeric() || matches!(ch, '.' | '_' | '-'))
-            {
-                self.fail(
-                    "bridge.id",
-                    format!(
-                        "{:?} may only hold letters, digits, '.', '_' and '-' (it becomes part of the transactional id): e.g. {:?}",
-                        b.id,
-                        b.id.chars()
-                            .map(|ch| if ch.is_ascii_alphanumeric() || matches!(ch, '.' | '_') { ch } else { '-' })
-                            .collect::<String>()
-                    ),
-                );
-            }
-        }
-        if self.usable(&["bridge.instances"]) && b.instances == 0 {
-            self.fail(
-                "bridge.instances",
-                "0: a bridge runs as at least one instance; use 1 or more",
-            );
-        } else if self.usable(&["bridge.instance", "bridge.instances"]) && b.instance >= b.instances
-        {
-            self.fail(
-                "bridge.instance",
-                format!(
-                    "{} is out of range for bridge.instances = {}: instances are numbered 0 to {}; use one of those numbers or raise bridge.instances",
-                    b.instance,
-                    b.instances,
-                    b.instances - 1
-                ),
-            );
-        }
-        if self.usable(&["bridge.state_dir"]) && b.state_dir.as_os_str().is_empty() {
-            self.fail(
-                "bridge.state_dir",
-                r#"is empty: name the directory that holds this instance's checkpoints, e.g. "state""#,
-            );
-        }
-    }
-
-    fn validate_source(&mut self, s: &SourceConfig) {
-        self.check_servers("source.bootstrap_servers", &s.bootstrap_servers);
-        if self.usable(&["source.topic_pattern"]) {
-            if let Some(Err(e)) = s.topic_pattern.as_deref().map(anchored) {
-                self.fail(
-                    "source.topic_pattern",
-                    format!(
-                        "{:?} is not a valid regular expression ({}): fix the syntax; it must match whole topic names",
-                        s.topic_pattern.as_deref().unwrap_or_default(),
-                        regex_reason(&e)
-                    ),
-                );
-            }
-        }
-        if self.usable(&["source.topic_exclude"]) {
-            if let Some(exclude) = s.topic_exclude.as_deref() {
-                match anchored(exclude) {
-                    Err(e) => self.fail(
-                        "source.topic_exclude",
-                        format!(
-                            "{exclude:?} is not a valid regular expression ({}): fix the syntax; it must match whole topic names",
-                            regex_reason(&e)
-                        ),
-                    ),
-                    Ok(re) => {
-                        if let Some(t) = s.topics.iter().find(|t| re.is_match(t)) {
-                            self.fail(
-                                "source.topic_exclude",
-                                format!(
-                                    "{exclude:?} excludes {t:?}, which source.topics lists: remove it from the list, or narrow the exclusion"
-                                ),
-                            );
-                        }
-                    }
-                }
-            }
-        }
-        if self.usable(&["source.topics"]) {
-            for topic in &s.topics {
-                if let Err(why) = check_topic_name(topic) {
-                    self.fail(
-                        "source.topics",
-                        format!("{topic:?} {why}: fix the topic's name"),
-                    );
-                }
-            }
-        }
-        if !self.usable(&["source.topics", "source.topic_pattern"]) {
-            return;
-        }
-        match (s.topics.is_empty(), &s.topic_pattern) {
-            (true, None) => self.fail(
-                "source.topics",
-                r#"no source topics: set topics = ["orders", "payments"] or topic_pattern = "orders\\..*" in [source]"#,
-            ),
-            (false, Some(pattern)) => self.fail(
-                "source.topic_pattern",
-                format!(
-                    r#"{pattern:?} is set together with source.topics = {:?}: keep one of them (an empty EOS_BRIDGE__SOURCE__TOPICS="" clears a list set by the file)"#,
-                    s.topics
-                ),
-            ),
-            _ => {}
-        }
-    }
-
-    fn validate_sink(&mut self, c: &Config) {
-        let (source, sink) = (&c.source, &c.sink);
-        if let Some(n) = sink.replication_factor {
-            if (n == 0 || n > i16::MAX as u16) && self.usable(&["sink.replication_factor"]) {
-                self.fail(
-                    "sink.replication_factor",
-                    format!("{n} is not a replica count: use 1 to {}, at most the sink cluster's brokers, or leave it unset for the broker's default", i16::MAX),
-                );
-            }
-        }
-        // Unset, the sink's servers are the source's: one error about them is enough.
-        if sink.bootstrap_servers != source.bootstrap_servers {
-            self.check_servers("sink.bootstrap_servers", &sink.bootstrap_servers);
-        }
-        let mut topic_ok = self.usable(&["sink.topic"]);
-        if topic_ok {
-            let sample = c.sink_topic_for("t");
-            if let Err(why) = check_topic_name(&sample) {
-                topic_ok = false;
-                let names = if sample == sink.topic {
-                    String::new()
-                } else {
-                    format!(" gives topic names like {sample:?}, which")
-                };
-                let placeholder = if sample.contains('{') {
-                    format!(" ({SOURCE_TOPIC_PLACEHOLDER} is the only placeholder)")
-                } else {
-                    String::new()
-                };
-                self.fail(
-                    "sink.topic",
-                    format!(
-                        r#"{:?}{names} {why}{placeholder}: use e.g. "{SOURCE_TOPIC_PLACEHOLDER}-copy""#,
-                        sink.topic
-                    ),
-                );
-            }
-        }
-        // The default marker topic is made of bridge.id: a bad id is reported there, once.
-        let default_marker = sink.marker_topic == default_marker_topic(&c.bridge.id);
-        let id_legal = c
-            .bridge
-            .id
-            .chars()
-            .all(|ch| ch.is_ascii_alphanumeric() || matches!(ch, '.' | '_' | '-'));
-        let mut marker_ok = (id_legal || !default_marker) && self.usable(&["sink.marker_topic"]);
-        if marker_ok {
-            if let Err(why) = check_topic_name(&sink.marker_topic) {
-                marker_ok = false;
-                self.fail(
-                    "sink.marker_topic",
-                    format!(
-                        "{:?} {why}: leave it unset for the default {:?}",
-                        sink.marker_topic,
-                        default_marker_topic(&c.bridge.id)
-                    ),
-                );
-            }
-        }
-        if !self.usable(&[
-            "source.topics",
-            "source.topic_pattern",
-            "source.bootstrap_servers",
-            "sink.bootstrap_servers",
-        ]) {
-            return;
-        }
-        let listed: &[String] = if source.topic_pattern.is_some() {
-            &[]
-        } else {
-            &source.topics
-        };
-        let pattern = source
-            .topic_pattern
-            .as_deref()
-            .and_then(|p| anchored(p).ok());
-        let constant = !sink.topic.contains(SOURCE_TOPIC_PLACEHOLDER);
-        if topic_ok && marker_ok {
-            let clash = if constant {
-                (sink.topic == sink.marker_topic).then(|| sink.topic.clone())
-            } else {
-                listed
-                    .iter()
-                    .map(|t| c.sink_topic_for(t))
-                    .find(|t| *t == sink.marker_topic)
+    /// Runs every rule whose keys all parsed.
+    fn check(&mut self, config: &Config) {
+        for (reads, rule) in RULES {
+            let related = |a: &str, b: &str| {
+                a == b || a.starts_with(&format!("{b}.")) || b.starts_with(&format!("{a}."))
             };
-            if let Some(topic) = clash {
-                self.fail(
-                    "sink.marker_topic",
-                    format!(
-                        "{topic:?} is also a sink topic: commit markers must have a topic of their own; leave it unset for the default {:?}",
-                        default_marker_topic(&c.bridge.id)
-                    ),
-                );
-            }
-        }
-        if !same_cluster(&source.bootstrap_servers, &sink.bootstrap_servers) {
-            return;
-        }
-        // On one cluster, a sink topic that is also a source topic feeds the bridge its own output.
-        if topic_ok {
-            let fix = format!(
-                r#"use e.g. "{SOURCE_TOPIC_PLACEHOLDER}-copy", or a sink.bootstrap_servers of another cluster"#
-            );
-            if sink.topic == SOURCE_TOPIC_PLACEHOLDER {
-                self.fail(
-                    "sink.topic",
-                    format!(
-                        "{:?} writes every topic onto itself, since source and sink are the same cluster ({:?}): {fix}",
-                        sink.topic, sink.bootstrap_servers
-                    ),
-                );
-            } else if let Some(topic) = listed
+            if reads
                 .iter()
-                .find(|t| source.topics.contains(&c.sink_topic_for(t)))
+                .any(|r| self.broken.iter().any(|b| related(r, b)))
             {
-                self.fail(
-                    "sink.topic",
-                    format!(
-                        "{:?} writes source topic {topic:?} to {:?}, which is itself a source topic on the same cluster: the bridge would read its own output; {fix}",
-                        sink.topic,
-                        c.sink_topic_for(topic)
-                    ),
-                );
-            } else if pattern
-                .as_ref()
-                .is_some_and(|p| constant && p.is_match(&sink.topic))
-            {
-                self.fail(
-                    "sink.topic",
-                    format!(
-                        "{:?} is matched by source.topic_pattern {:?} on the same cluster: the bridge would read its own output; narrow the pattern or {fix}",
-                        sink.topic,
-                        source.topic_pattern.as_deref().unwrap_or_default()
-                    ),
-                );
-            }
-        }
-        if marker_ok {
-            if listed.contains(&sink.marker_topic) {
-                self.fail(
-                    "source.topics",
-                    format!(
-                        "{:?} is the marker topic of the same cluster: the bridge would read its own commit markers as data; remove it",
-                        sink.marker_topic
-                    ),
-                );
-            } else if pattern
-                .as_ref()
-                .is_some_and(|p| p.is_match(&sink.marker_topic))
-            {
-                self.fail(
-                    "source.topic_pattern",
-                    format!(
-                        "{:?} matches the marker topic {:?} of the same cluster: the bridge would read its own commit markers as data; narrow the pattern, e.g. to the topics' common prefix",
-                        source.topic_pattern.as_deref().unwrap_or_default(),
-                        sink.marker_topic
-                    ),
-                );
-            }
-        }
-    }
-
-    fn validate_dead_letter(&mut self, c: &Config) {
-        let sink = &c.sink;
-        if sink.on_bad_record != OnBadRecord::DeadLetter
-            || !self.usable(&["sink.on_bad_record", "sink.dead_letter_topic"])
-        {
-            return;
-        }
-        if c.bridge.delivery == Delivery::AtMostOnce && self.usable(&["bridge.delivery"]) {
-            self.fail(
-                "sink.on_bad_record",
-                r#""dead-letter" cannot work with bridge.delivery = "at-most-once", which checkpoints past an epoch's records before writing them, so a refused record is never read again to be dead-lettered: use on_bad_record = "stop", or exactly-once or at-least-once delivery"#,
-            );
-        }
-        let sample = c.dead_letter_topic_for("t");
-        if let Err(why) = check_topic_name(&sample) {
-            let names = if sample == sink.dead_letter_topic {
-                String::new()
-            } else {
-                format!(" gives topic names like {sample:?}, which")
-            };
-            self.fail(
-                "sink.dead_letter_topic",
-                format!(
-                    r#"{:?}{names} {why}: use e.g. "{DEFAULT_DEAD_LETTER_TOPIC}""#,
-                    sink.dead_letter_topic
-                ),
-            );
-            return;
-        }
-        if !self.usable(&[
-            "source.topics",
-            "source.topic_pattern",
-            "sink.topic",
-            "sink.marker_topic",
-        ]) {
-            return;
-        }
-        // With listed topics every dead-letter topic is known; with a pattern, only a template
-        // without the placeholder (one topic for all) or one identical to another's.
-        let listed: &[String] = if c.source.topic_pattern.is_some() {
-            &[]
-        } else {
-            &c.source.topics
-        };
-        let constant = !sink.dead_letter_topic.contains(SOURCE_TOPIC_PLACEHOLDER);
-        let mut pairs: Vec<(String, String)> = listed
-            .iter()
-            .map(|t| (c.dead_letter_topic_for(t), c.sink_topic_for(t)))
-            .collect();
-        if listed.is_empty() && (constant || sink.dead_letter_topic == sink.topic) {
-            pairs.push((c.dead_letter_topic_for("t"), c.sink_topic_for("t")));
-        }
-        let fix = format!(r#"use e.g. "{DEFAULT_DEAD_LETTER_TOPIC}""#);
-        for (dlq, sink_topic) in &pairs {
-            let what = if *dlq == sink.marker_topic {
-                "the marker topic"
-            } else if dlq == sink_topic {
-                "a sink topic"
-            } else {
                 continue;
-            };
-            self.fail(
-                "sink.dead_letter_topic",
-                format!(
-                    "{:?} gives {dlq:?}, which is also {what}: dead letters need a topic of their own; {fix}",
-                    sink.dead_letter_topic
-                ),
-            );
-            return;
-        }
-        if !same_cluster(&c.source.bootstrap_servers, &sink.bootstrap_servers) {
-            return;
-        }
-        let pattern = c
-            .source
-            .topic_pattern
-            .as_deref()
-            .and_then(|p| anchored(p).ok());
-        let read_back = pairs.iter().map(|(dlq, _)| dlq).find(|dlq| {
-            listed.contains(dlq)
-                || pattern
-                    .as_ref()
-                    .is_some_and(|p| constant && p.is_match(dlq))
-        });
-        if let Some(dlq) = read_back {
-            self.fail(
-                "sink.dead_letter_topic",
-                format!(
-                    "{:?} gives {dlq:?}, which is a source topic of the same cluster: the bridge would read its own dead letters; {fix}",
-                    sink.dead_letter_topic
-                ),
-            );
-        }
-    }
-
-    fn validate_timeouts(&mut self, c: &Config) {
-        let cp = &c.checkpoint;
-        for (key, value) in [
-            ("checkpoint.interval", cp.interval),
-            ("checkpoint.timeout", cp.timeout),
-        ] {
-            if value.is_zero() && self.usable(&[key]) {
-                self.fail(
-                    key,
-                    format!(r#""0s" must be longer than zero: {DURATION_EXAMPLES}"#),
-                );
             }
-        }
-        for (key, value, why) in [
-            (
-                "checkpoint.max_bytes",
-                cp.max_bytes,
-                "would end every epoch at its first record",
-            ),
-            (
-                "sink.max_in_flight_bytes",
-                c.sink.max_in_flight_bytes,
-                "would let no record be sent",
-            ),
-        ] {
-            if value == 0 && self.usable(&[key]) {
-                self.fail(
-                    key,
-                    format!("0 {why}: give a number of bytes, such as 16777216 for 16 MiB"),
-                );
+            for ConfigError { key, message } in rule(config) {
+                self.fail(&key, message);
             }
-        }
-        if cp.retain == 0 && self.usable(&["checkpoint.retain"]) {
-            self.fail(
-                "checkpoint.retain",
-                "0 would keep no checkpoint to recover from: keep at least 1 (3 by default)",
-            );
-        }
-        let txn = c.transaction.timeout;
-        if !self.usable(&["transaction.timeout"]) {
-            return;
-        }
-        if txn.is_zero() {
-            self.fail(
-                "transaction.timeout",
-                format!(r#""0s" must be longer than zero: {DURATION_EXAMPLES}"#),
-            );
-            return;
-        }
-        // The rules below concern the transactional producer, which only exactly-once uses.
-        if c.bridge.delivery != Delivery::ExactlyOnce || !self.usable(&["bridge.delivery"]) {
-            return;
-        }
-        if txn < MIN_TRANSACTION_TIMEOUT || txn.as_millis() > MAX_KAFKA_MS {
-            self.fail(
-                "transaction.timeout",
-                format!(
-                    "{} is outside librdkafka's range for transaction.timeout.ms, 1s to {}: choose a value in it",
-                    show(txn),
-                    show(Duration::from_millis(MAX_KAFKA_MS as u64))
-                ),
-            );
-            return;
-        }
-        // The coordinator aborts a transaction left open longer than transaction.timeout.
-        if self.usable(&[
-            "checkpoint.interval",
-            "checkpoint.min_pause",
-            "checkpoint.timeout",
-        ]) {
-            let (epoch_key, epoch) = c.epoch();
-            let open = epoch.saturating_add(cp.timeout);
-            if open >= txn {
-                self.fail(
-                    "transaction.timeout",
-                    format!(
-                        "{} must be longer than {epoch_key} ({}) + checkpoint.timeout ({}) = {}, the longest a transaction stays open, or the brokers abort it before it commits: raise [transaction] timeout above {} (within the sink brokers' transaction.max.timeout.ms, 15m by default) or shorten the checkpoint settings",
-                        show(txn),
-                        show(epoch),
-                        show(cp.timeout),
-                        show(open),
-                        show(open)
-                    ),
-                );
-            }
-        }
-        self.check_delivery_timeouts(&c.sink.kafka, txn);
-    }
-
-    /// librdkafka refuses a transactional producer whose records or requests may outlive the
-    /// transaction; it derives both timeouts from transaction.timeout unless they are set.
-    fn check_delivery_timeouts(&mut self, kafka: &KafkaProps, txn: Duration) {
-        let set: Vec<&str> = ["message.timeout.ms", "delivery.timeout.ms"]
-            .into_iter()
-            .filter(|name| kafka.get(name).is_some())
-            .collect();
-        if set.len() == 2 {
-            self.fail(
-                "sink.kafka.delivery.timeout.ms",
-                "is librdkafka's other name for message.timeout.ms, which is set too: keep one",
-            );
-        }
-        let txn_ms = txn.as_millis();
-        for name in set {
-            let key = format!("sink.kafka.{name}");
-            match self.kafka_ms(&key, kafka.get(name)) {
-                Some(0) => self.fail(
-                    &key,
-                    format!(
-                        "0 lets a record wait forever, but its transaction is aborted after transaction.timeout ({}): set at most {txn_ms}, or leave it out to follow transaction.timeout",
-                        show(txn)
-                    ),
-                ),
-                Some(ms) if ms > txn_ms => self.fail(
-                    &key,
-                    format!(
-                        "{ms} is above transaction.timeout ({}, {txn_ms} ms): a record could outlive its transaction; set at most {txn_ms}, or leave it out to follow transaction.timeout",
-                        show(txn)
-                    ),
-                ),
-                _ => {}
-            }
-        }
-        let key = "sink.kafka.socket.timeout.ms";
-        if let Some(ms) = self.kafka_ms(key, kafka.get("socket.timeout.ms")) {
-            let limit = txn_ms.saturating_sub(100);
-            if ms > limit {
-                self.fail(
-                    key,
-                    format!(
-                        "{ms} must be at least 100 ms below transaction.timeout ({}, {txn_ms} ms), so a request can fail and be retried before the transaction times out: set at most {limit}, or leave it out",
-                        show(txn)
-                    ),
-                );
-            }
-        }
-    }
-
-    fn kafka_ms(&mut self, key: &str, value: Option<&str>) -> Option<u128> {
-        if !self.usable(&[key]) {
-            return None;
-        }
-        let value = value?;
-        match value.trim().parse::<u128>() {
-            Ok(ms) => Some(ms),
-            Err(_) => {
-                self.fail(
-                    key,
-                    format!("{value:?} is not a whole number of milliseconds: write digits only"),
-                );
-                None
-            }
-        }
-    }
-
-    /// Properties the bridge sets itself: a passthrough value would fight it or break the guarantee.
-    fn validate_passthrough(&mut self, c: &Config) {
-        const SINK: &[(&str, &str)] = &[
-            (
-                "transactional.id",
-                "the bridge derives it from bridge.id and bridge.instance",
-            ),
-            ("transaction.timeout.ms", "use [transaction] timeout"),
-            (
-                "enable.idempotence",
-                "the bridge sets it for the delivery mode; choose bridge.delivery",
-            ),
-            ("bootstrap.servers", "use sink.bootstrap_servers"),
-            ("metadata.broker.list", "use sink.bootstrap_servers"),
-        ];
-        const SOURCE: &[(&str, &str)] = &[
-            ("group.id", "the bridge assigns partitions itself and keeps positions in its checkpoints"),
-            ("enable.auto.commit", "positions live in the bridge's checkpoints, never in auto-commits"),
-            ("enable.auto.offset.store", "positions live in the bridge's checkpoints"),
-            ("isolation.level", "the bridge always reads read_committed, so aborted source records are never bridged"),
-            ("auto.offset.reset", "use source.on_offset_out_of_range (and source.start for the first run)"),
-            ("bootstrap.servers", "use source.bootstrap_servers"),
-            ("metadata.broker.list", "use source.bootstrap_servers"),
-        ];
-        for (section, props, owned) in [
-            ("source", &c.source.kafka, SOURCE),
-            ("sink", &c.sink.kafka, SINK),
-        ] {
-            for (name, instead) in owned {
-                if let Some(value) = props.get(name) {
-                    let key = format!("{section}.kafka.{name}");
-                    self.fail(
-                        &key,
-                        format!("{value:?}: the bridge sets this property itself, so it may not be passed through; remove it ({instead})"),
-                    );
-                }
-            }
-        }
-    }
-
-    fn check_servers(&mut self, key: &str, servers: &str) {
-        if !self.usable(&[key]) {
-            return;
-        }
-        if servers.trim().is_empty() {
-            self.fail(
-                key,
-                r#"is required: list the cluster's brokers, e.g. "kafka-1:9092,kafka-2:9092""#,
-            );
-        } else if servers.split(',').any(|s| s.trim().is_empty()) {
-            self.fail(
-                key,
-                format!(r#"{servers:?} has an empty entry: separate brokers with single commas, e.g. "kafka-1:9092,kafka-2:9092""#),
-            );
         }
     }
 }
 
-fn sorted<V>(map: LayerMap<String, V>) -> BTreeMap<String, V> {
-    map.into_iter().collect()
-}
-
-fn flatten(prefix: Vec<String>, value: Value, out: &mut Vec<(Vec<String>, Value)>) {
-    match value.kind {
-        ValueKind::Table(table) => {
-            for (key, value) in sorted(table) {
-                let mut path = prefix.clone();
-                path.push(key);
-                flatten(path, value, out);
-            }
-        }
-        _ => out.push((prefix, value)),
+/// serde's message without the `config` crate's " for key `…` in …" (the key is reported apart).
+fn reason(error: &::config::ConfigError) -> String {
+    match error {
+        ::config::ConfigError::At { error, .. } => reason(error),
+        ::config::ConfigError::Type {
+            unexpected,
+            expected,
+            ..
+        } => format!("invalid type: {unexpected}, expected {expected}"),
+        other => one_line(&other.to_string()),
     }
 }
 
-/// The names of the environment variables that set `value` or anything under it.
-fn env_leaves(path: &str, value: &Value, out: &mut Vec<String>) {
+fn bad_duration(found: &Value) -> String {
+    let text = found.to_string();
+    match &found.kind {
+        ValueKind::I64(_) | ValueKind::U64(_) | ValueKind::I128(_) | ValueKind::U128(_) => {
+            format!(
+                r#"{text} has no unit: write "{text}s" for seconds or "{text}ms" for milliseconds"#
+            )
+        }
+        ValueKind::String(s) => match humantime::parse_duration(s.trim()) {
+            Err(e) => format!("{s:?} is not a duration ({e}): {DURATION_EXAMPLES}"),
+            Ok(_) => format!("{s:?} is not a duration: {DURATION_EXAMPLES}"),
+        },
+        _ => format!("{text} is not a duration: {DURATION_EXAMPLES}"),
+    }
+}
+
+/// Takes the value at `path` out of the tree.
+fn remove(tree: &mut LayerMap<String, Value>, path: &[String]) -> Option<Value> {
+    match path {
+        [key] => tree.remove(key),
+        [section, rest @ ..] => match &mut tree.get_mut(section)?.kind {
+            ValueKind::Table(table) => remove(table, rest),
+            _ => None,
+        },
+        [] => None,
+    }
+}
+
+/// Every value under `value` that is not a table, with its path, in sorted order.
+fn leaves_of(path: &[String], value: &Value) -> std::vec::IntoIter<(Vec<String>, Value)> {
     match &value.kind {
         ValueKind::Table(table) => {
-            for (key, value) in table.iter().collect::<BTreeMap<_, _>>() {
-                env_leaves(&format!("{path}.{key}"), value, out);
+            let sorted: BTreeMap<&String, &Value> = table.iter().collect();
+            let mut out = Vec::new();
+            for (key, value) in sorted {
+                let mut path = path.to_vec();
+                path.push(key.clone());
+                out.extend(leaves_of(&path, value));
             }
+            out.into_iter()
         }
-        _ if value.origin() == Some(ENV_ORIGIN) => out.push(env_name(path.split('.'))),
-        _ => {}
+        _ => vec![(path.to_vec(), value.clone())].into_iter(),
     }
 }
 
-fn env_name<'a>(path: impl Iterator<Item = &'a str>) -> String {
+fn env_name<S: AsRef<str>>(path: impl IntoIterator<Item = S>) -> String {
     let mut name = ENV_PREFIX.to_string();
     for segment in path {
         name.push_str(ENV_SEPARATOR);
-        name.push_str(&segment.to_ascii_uppercase());
+        name.push_str(&segment.as_ref().to_ascii_uppercase());
     }
     name
+}
+
+/// What a rule found wrong, each error on its key.
+type Found = Vec<ConfigError>;
+type Rule = fn(&Config) -> Found;
+
+/// Every rule, with the keys it reads: a rule is skipped when one of them did not parse, since
+/// judged on a stand-in default it would report a value never written. Errors come in this order.
+const RULES: &[(&[&str], Rule)] = &[
+    (&["bridge.id"], bridge_id),
+    (&["bridge.instances"], |c| {
+        when(c.bridge.instances == 0, "bridge.instances", || {
+            "0: a bridge runs as at least one instance; use 1 or more".into()
+        })
+    }),
+    (&["bridge.instance", "bridge.instances"], |c| {
+        let BridgeConfig {
+            instance,
+            instances,
+            ..
+        } = c.bridge;
+        when(
+            instances > 0 && instance >= instances,
+            "bridge.instance",
+            || {
+                let last = instances - 1;
+                format!("{instance} is out of range for bridge.instances = {instances}: instances are numbered 0 to {last}; use one of those numbers or raise bridge.instances")
+            },
+        )
+    }),
+    (&["bridge.state_dir"], |c| {
+        when(
+            c.bridge.state_dir.as_os_str().is_empty(),
+            "bridge.state_dir",
+            || {
+                r#"is empty: name the directory that holds this instance's checkpoints, e.g. "state""#.into()
+            },
+        )
+    }),
+    (&["source.bootstrap_servers"], |c| {
+        servers("source.bootstrap_servers", &c.source.bootstrap_servers)
+    }),
+    (&["source.topic_pattern"], |c| {
+        let pattern = c.source.topic_pattern.as_deref().unwrap_or_default();
+        let Err(e) = anchored(pattern) else {
+            return vec![];
+        };
+        let why = regex_reason(&e);
+        let message = format!("{pattern:?} is not a valid regular expression ({why}): fix the syntax; it must match whole topic names");
+        vec![ConfigError::new("source.topic_pattern", message)]
+    }),
+    (&["source.topics"], |c| {
+        let bad = c
+            .source
+            .topics
+            .iter()
+            .filter_map(|t| Some((t, check_topic_name(t).err()?)));
+        let message = |(topic, why)| format!("{topic:?} {why}: fix the topic's name");
+        bad.map(|bad| ConfigError::new("source.topics", message(bad)))
+            .collect()
+    }),
+    (&["source.topics", "source.topic_pattern"], source_topics),
+    (&["source.topic_exclude", "source.topics"], |c| {
+        let Some(exclude) = c.source.topic_exclude.as_deref() else {
+            return vec![];
+        };
+        let message = match anchored(exclude) {
+            Err(e) => format!("{exclude:?} is not a valid regular expression ({}): fix the syntax; it must match whole topic names", regex_reason(&e)),
+            Ok(re) => match c.source.topics.iter().find(|t| re.is_match(t)) {
+                Some(t) => format!("{exclude:?} excludes {t:?}, which source.topics lists: remove it from the list, or narrow the exclusion"),
+                None => return vec![],
+            },
+        };
+        vec![ConfigError::new("source.topic_exclude", message)]
+    }),
+    (&["sink.replication_factor"], |c| {
+        let n = c.sink.replication_factor.unwrap_or(1);
+        when(
+            n == 0 || n > i16::MAX as u16,
+            "sink.replication_factor",
+            || {
+                format!("{n} is not a replica count: use 1 to {}, at most the sink cluster's brokers, or leave it unset for the broker's default", i16::MAX)
+            },
+        )
+    }),
+    (&["sink.bootstrap_servers"], |c| {
+        // Unset, the sink's servers are the source's: one error about them is enough.
+        let (source, sink) = (&c.source.bootstrap_servers, &c.sink.bootstrap_servers);
+        match sink == source {
+            true => vec![],
+            false => servers("sink.bootstrap_servers", sink),
+        }
+    }),
+    (&["sink.topic"], sink_topic_name),
+    (&["sink.marker_topic"], |c| {
+        let Some(Err(why)) = marker_judged(c) else {
+            return vec![];
+        };
+        let (marker, default) = (&c.sink.marker_topic, default_marker_topic(&c.bridge.id));
+        let message = format!("{marker:?} {why}: leave it unset for the default {default:?}");
+        vec![ConfigError::new("sink.marker_topic", message)]
+    }),
+    (TOPICS, own_output),
+    (&["sink.on_bad_record", "sink.dead_letter_topic"], |c| {
+        // A dead-letter topic that is never used is a half-finished configuration.
+        let (policy, dlq) = (c.sink.on_bad_record, &c.sink.dead_letter_topic);
+        let unused = policy != OnBadRecord::DeadLetter && dlq != DEFAULT_DEAD_LETTER_TOPIC;
+        when(unused, "sink.dead_letter_topic", || {
+            format!(
+                r#"{dlq:?} is set but sink.on_bad_record is "{policy}", which never writes to it: set on_bad_record = "dead-letter" in [sink], or remove dead_letter_topic"#
+            )
+        })
+    }),
+    (
+        &[
+            "sink.on_bad_record",
+            "sink.dead_letter_topic",
+            "bridge.delivery",
+        ],
+        |c| {
+            let at_most_once = c.bridge.delivery == Delivery::AtMostOnce;
+            when(
+                dead_letters(c) && at_most_once,
+                "sink.on_bad_record",
+                || {
+                    r#""dead-letter" cannot work with bridge.delivery = "at-most-once", which checkpoints past an epoch's records before writing them, so a refused record is never read again to be dead-lettered: use on_bad_record = "stop", or exactly-once or at-least-once delivery"#.into()
+                },
+            )
+        },
+    ),
+    (&["sink.on_bad_record", "sink.dead_letter_topic"], |c| {
+        let (dlq, sample) = (&c.sink.dead_letter_topic, c.dead_letter_topic_for("t"));
+        let Err(why) = check_topic_name(&sample) else {
+            return vec![];
+        };
+        let names = match sample == *dlq {
+            true => String::new(),
+            false => format!(" gives topic names like {sample:?}, which"),
+        };
+        let message = format!(r#"{dlq:?}{names} {why}: use e.g. "{DEFAULT_DEAD_LETTER_TOPIC}""#);
+        when(dead_letters(c), "sink.dead_letter_topic", || message)
+    }),
+    (DEAD_LETTER_TOPICS, dead_letter_clash),
+    (&["checkpoint.interval"], |c| {
+        positive("checkpoint.interval", c.checkpoint.interval)
+    }),
+    (&["checkpoint.timeout"], |c| {
+        positive("checkpoint.timeout", c.checkpoint.timeout)
+    }),
+    (&["checkpoint.max_bytes"], |c| {
+        let why = "would end every epoch at its first record";
+        some_bytes("checkpoint.max_bytes", c.checkpoint.max_bytes, why)
+    }),
+    (&["sink.max_in_flight_bytes"], |c| {
+        let why = "would let no record be sent";
+        some_bytes("sink.max_in_flight_bytes", c.sink.max_in_flight_bytes, why)
+    }),
+    (&["checkpoint.retain"], |c| {
+        when(c.checkpoint.retain == 0, "checkpoint.retain", || {
+            "0 would keep no checkpoint to recover from: keep at least 1 (3 by default)".into()
+        })
+    }),
+    (&["transaction.timeout"], |c| {
+        positive("transaction.timeout", c.transaction.timeout)
+    }),
+    (&["transaction.timeout", "bridge.delivery"], |c| {
+        let txn = c.transaction.timeout;
+        let exactly_once = c.bridge.delivery == Delivery::ExactlyOnce;
+        when(
+            exactly_once && !txn.is_zero() && transactional(c).is_none(),
+            "transaction.timeout",
+            || {
+                let (txn, max) = (show(txn), show(MAX_TRANSACTION_TIMEOUT));
+                format!("{txn} is outside librdkafka's range for transaction.timeout.ms, 1s to {max}: choose a value in it")
+            },
+        )
+    }),
+    (EPOCH, transaction_outlives_epoch),
+    (
+        &["transaction.timeout", "bridge.delivery", "sink.kafka"],
+        delivery_timeouts,
+    ),
+    (&[], passthrough),
+    (&["api.admin_token"], |c| {
+        let empty = c
+            .api
+            .admin_token
+            .as_ref()
+            .is_some_and(|t| t.expose().is_empty());
+        when(empty, "api.admin_token", || {
+            "is empty: set a long random token, or leave the key out".into()
+        })
+    }),
+    (&["api.ready_max_age"], |c| {
+        when(
+            c.api.ready_max_age == Some(Duration::ZERO),
+            "api.ready_max_age",
+            || {
+                let default = show(c.checkpoint.default_ready_max_age());
+                format!(
+                    r#""0s" would never report ready: leave it out for the default ({default}) or {DURATION_EXAMPLES}"#
+                )
+            },
+        )
+    }),
+    (&["shutdown.timeout"], |c| {
+        when(c.shutdown.timeout.is_zero(), "shutdown.timeout", || {
+            r#""0s" leaves no time to finish the last checkpoint: use e.g. "30s""#.into()
+        })
+    }),
+];
+
+/// What the rules on the topics that must stay apart read.
+const TOPICS: &[&str] = &[
+    "source.topics",
+    "source.topic_pattern",
+    "source.bootstrap_servers",
+    "sink.bootstrap_servers",
+    "sink.topic",
+    "sink.marker_topic",
+];
+const DEAD_LETTER_TOPICS: &[&str] = &[
+    "sink.on_bad_record",
+    "sink.dead_letter_topic",
+    "source.topics",
+    "source.topic_pattern",
+    "sink.topic",
+    "sink.marker_topic",
+];
+const EPOCH: &[&str] = &[
+    "transaction.timeout",
+    "bridge.delivery",
+    "checkpoint.interval",
+    "checkpoint.min_pause",
+    "checkpoint.timeout",
+];
+
+/// The error `message()` on `key` if `broken`.
+fn when(broken: bool, key: &str, message: impl FnOnce() -> String) -> Found {
+    match broken {
+        true => vec![ConfigError::new(key, message())],
+        false => vec![],
+    }
+}
+
+fn bridge_id(c: &Config) -> Found {
+    let id = &c.bridge.id;
+    let message = if id.is_empty() {
+        r#"is required: name the bridge, e.g. id = "orders-mirror" in [bridge] or EOS_BRIDGE__BRIDGE__ID=orders-mirror; it keys the transactional id and the commit markers, so keep it stable"#.to_string()
+    } else if !id.chars().all(legal) {
+        let fixed: String = id
+            .chars()
+            .map(|ch| if legal(ch) { ch } else { '-' })
+            .collect();
+        format!("{id:?} may only hold letters, digits, '.', '_' and '-' (it becomes part of the transactional id): e.g. {fixed:?}")
+    } else {
+        return vec![];
+    };
+    vec![ConfigError::new("bridge.id", message)]
+}
+
+fn source_topics(c: &Config) -> Found {
+    let (topics, pattern) = (&c.source.topics, &c.source.topic_pattern);
+    let (key, message) = match (topics.is_empty(), pattern) {
+        (true, None) => ("source.topics", r#"no source topics: set topics = ["orders", "payments"] or topic_pattern = "orders\\..*" in [source]"#.to_string()),
+        (false, Some(pattern)) => ("source.topic_pattern", format!(r#"{pattern:?} is set together with source.topics = {topics:?}: keep one of them (an empty EOS_BRIDGE__SOURCE__TOPICS="" clears a list set by the file)"#)),
+        _ => return vec![],
+    };
+    vec![ConfigError::new(key, message)]
+}
+
+fn sink_topic_name(c: &Config) -> Found {
+    let (topic, sample) = (&c.sink.topic, c.sink_topic_for("t"));
+    let Err(why) = check_topic_name(&sample) else {
+        return vec![];
+    };
+    let names = match sample == *topic {
+        true => String::new(),
+        false => format!(" gives topic names like {sample:?}, which"),
+    };
+    let placeholder = match sample.contains('{') {
+        true => format!(" ({SOURCE_TOPIC_PLACEHOLDER} is the only placeholder)"),
+        false => String::new(),
+    };
+    let message = format!(
+        r#"{topic:?}{names} {why}{placeholder}: use e.g. "{SOURCE_TOPIC_PLACEHOLDER}-copy""#
+    );
+    vec![ConfigError::new("sink.topic", message)]
+}
+
+/// Whether the marker topic is a legal name. The default one is made of bridge.id, whose own
+/// rule reports a bad id: then the marker topic is not judged (once is enough).
+fn marker_judged(c: &Config) -> Option<Result<(), &'static str>> {
+    let default = c.sink.marker_topic == default_marker_topic(&c.bridge.id);
+    (c.bridge.id.chars().all(legal) || !default).then(|| check_topic_name(&c.sink.marker_topic))
+}
+
+/// The listed source topics (none with a pattern), and the pattern compiled.
+fn sources(c: &Config) -> (&[String], Option<Regex>) {
+    match c.source.topic_pattern.as_deref() {
+        Some(p) => (&[], anchored(p).ok()),
+        None => (&c.source.topics, None),
+    }
+}
+
+/// Markers are not sink topics, and on one cluster the bridge must not read its own output or
+/// markers.
+fn own_output(c: &Config) -> Found {
+    let (source, sink, mut found) = (&c.source, &c.sink, Vec::new());
+    let (topic, marker) = (&sink.topic, &sink.marker_topic);
+    let topic_ok = check_topic_name(&c.sink_topic_for("t")).is_ok();
+    let marker_ok = marker_judged(c) == Some(Ok(()));
+    let (listed, pattern) = sources(c);
+    let constant = !topic.contains(SOURCE_TOPIC_PLACEHOLDER);
+    let default = default_marker_topic(&c.bridge.id);
+    let sink_topics = listed.iter().map(|t| c.sink_topic_for(t));
+    let clash = match constant {
+        true => (topic == marker).then(|| topic.clone()),
+        false => sink_topics.clone().find(|t| t == marker),
+    };
+    if let Some(clash) = clash.filter(|_| topic_ok && marker_ok) {
+        found.push(ConfigError::new("sink.marker_topic", format!("{clash:?} is also a sink topic: commit markers must have a topic of their own; leave it unset for the default {default:?}")));
+    }
+    let servers = &sink.bootstrap_servers;
+    if !same_cluster(&source.bootstrap_servers, servers) {
+        return found;
+    }
+    let fix = format!(
+        r#"use e.g. "{SOURCE_TOPIC_PLACEHOLDER}-copy", or a sink.bootstrap_servers of another cluster"#
+    );
+    let source_pattern = source.topic_pattern.as_deref().unwrap_or_default();
+    let message = if !topic_ok {
+        None
+    } else if topic == SOURCE_TOPIC_PLACEHOLDER {
+        Some(format!("{topic:?} writes every topic onto itself, since source and sink are the same cluster ({servers:?}): {fix}"))
+    } else if let Some((from, to)) = listed
+        .iter()
+        .zip(sink_topics)
+        .find(|(_, to)| source.topics.contains(to))
+    {
+        Some(format!("{topic:?} writes source topic {from:?} to {to:?}, which is itself a source topic on the same cluster: the bridge would read its own output; {fix}"))
+    } else if pattern
+        .as_ref()
+        .is_some_and(|p| constant && p.is_match(topic))
+    {
+        Some(format!("{topic:?} is matched by source.topic_pattern {source_pattern:?} on the same cluster: the bridge would read its own output; narrow the pattern or {fix}"))
+    } else {
+        None
+    };
+    found.extend(message.map(|m| ConfigError::new("sink.topic", m)));
+    if marker_ok && listed.contains(marker) {
+        found.push(ConfigError::new("source.topics", format!("{marker:?} is the marker topic of the same cluster: the bridge would read its own commit markers as data; remove it")));
+    } else if marker_ok && pattern.is_some_and(|p| p.is_match(marker)) {
+        found.push(ConfigError::new("source.topic_pattern", format!("{source_pattern:?} matches the marker topic {marker:?} of the same cluster: the bridge would read its own commit markers as data; narrow the pattern, e.g. to the topics' common prefix")));
+    }
+    found
+}
+
+fn dead_letters(c: &Config) -> bool {
+    c.sink.on_bad_record == OnBadRecord::DeadLetter
+}
+
+/// Dead letters need a topic of their own, and must not be read back as source records.
+fn dead_letter_clash(c: &Config) -> Found {
+    let (sink, template) = (&c.sink, &c.sink.dead_letter_topic);
+    if !dead_letters(c) || check_topic_name(&c.dead_letter_topic_for("t")).is_err() {
+        return vec![];
+    }
+    // With listed topics every dead-letter topic is known; with a pattern, only a template
+    // without the placeholder (one topic for all) or one identical to another's.
+    let (listed, pattern) = sources(c);
+    let constant = !template.contains(SOURCE_TOPIC_PLACEHOLDER);
+    let mut pairs: Vec<(String, String)> = listed
+        .iter()
+        .map(|t| (c.dead_letter_topic_for(t), c.sink_topic_for(t)))
+        .collect();
+    if listed.is_empty() && (constant || template == &sink.topic) {
+        pairs.push((c.dead_letter_topic_for("t"), c.sink_topic_for("t")));
+    }
+    let fix = format!(r#"use e.g. "{DEFAULT_DEAD_LETTER_TOPIC}""#);
+    let key = "sink.dead_letter_topic";
+    for (dlq, sink_topic) in &pairs {
+        let what = match (dlq == &sink.marker_topic, dlq == sink_topic) {
+            (true, _) => "the marker topic",
+            (false, true) => "a sink topic",
+            _ => continue,
+        };
+        return vec![ConfigError::new(key, format!("{template:?} gives {dlq:?}, which is also {what}: dead letters need a topic of their own; {fix}"))];
+    }
+    let same = same_cluster(&c.source.bootstrap_servers, &sink.bootstrap_servers);
+    let read_back = pairs.iter().map(|(dlq, _)| dlq).find(|dlq| {
+        listed.contains(dlq)
+            || pattern
+                .as_ref()
+                .is_some_and(|p| constant && p.is_match(dlq))
+    });
+    let message = |dlq| {
+        format!("{template:?} gives {dlq:?}, which is a source topic of the same cluster: the bridge would read its own dead letters; {fix}")
+    };
+    read_back
+        .filter(|_| same)
+        .map(|dlq| ConfigError::new(key, message(dlq)))
+        .into_iter()
+        .collect()
+}
+
+/// `transaction.timeout` when exactly-once delivery uses transactions and the timeout is in
+/// librdkafka's range; the rules on what a transaction must outlast judge only such a timeout.
+fn transactional(c: &Config) -> Option<Duration> {
+    let txn = c.transaction.timeout;
+    let in_range = (MIN_TRANSACTION_TIMEOUT..=MAX_TRANSACTION_TIMEOUT).contains(&txn);
+    (c.bridge.delivery == Delivery::ExactlyOnce && in_range).then_some(txn)
+}
+
+/// The coordinator aborts a transaction left open longer than transaction.timeout.
+fn transaction_outlives_epoch(c: &Config) -> Found {
+    let Some(txn) = transactional(c) else {
+        return vec![];
+    };
+    let (epoch_key, epoch) = c.epoch();
+    let open = epoch.saturating_add(c.checkpoint.timeout);
+    when(open >= txn, "transaction.timeout", || {
+        let (txn, epoch, timeout, open) = (
+            show(txn),
+            show(epoch),
+            show(c.checkpoint.timeout),
+            show(open),
+        );
+        format!("{txn} must be longer than {epoch_key} ({epoch}) + checkpoint.timeout ({timeout}) = {open}, the longest a transaction stays open, or the brokers abort it before it commits: raise [transaction] timeout above {open} (within the sink brokers' transaction.max.timeout.ms, 15m by default) or shorten the checkpoint settings")
+    })
+}
+
+/// librdkafka refuses a transactional producer whose records or requests may outlive the
+/// transaction; it derives both timeouts from transaction.timeout unless they are set.
+fn delivery_timeouts(c: &Config) -> Found {
+    let Some(txn) = transactional(c) else {
+        return vec![];
+    };
+    let (kafka, txn_ms, shown) = (&c.sink.kafka, txn.as_millis(), show(txn));
+    let mut found = Vec::new();
+    let set = ["message.timeout.ms", "delivery.timeout.ms"].map(|name| kafka.get(name).is_some());
+    if set == [true, true] {
+        found.push(ConfigError::new(
+            "sink.kafka.delivery.timeout.ms",
+            "is librdkafka's other name for message.timeout.ms, which is set too: keep one",
+        ));
+    }
+    for name in [
+        "message.timeout.ms",
+        "delivery.timeout.ms",
+        "socket.timeout.ms",
+    ] {
+        let (key, limit) = (format!("sink.kafka.{name}"), txn_ms.saturating_sub(100));
+        let Some(value) = kafka.get(name) else {
+            continue;
+        };
+        let message = match value.trim().parse::<u128>() {
+            Err(_) => format!("{value:?} is not a whole number of milliseconds: write digits only"),
+            Ok(ms) if name == "socket.timeout.ms" && ms > limit => format!("{ms} must be at least 100 ms below transaction.timeout ({shown}, {txn_ms} ms), so a request can fail and be retried before the transaction times out: set at most {limit}, or leave it out"),
+            Ok(_) if name == "socket.timeout.ms" => continue,
+            Ok(0) => format!("0 lets a record wait forever, but its transaction is aborted after transaction.timeout ({shown}): set at most {txn_ms}, or leave it out to follow transaction.timeout"),
+            Ok(ms) if ms > txn_ms => format!("{ms} is above transaction.timeout ({shown}, {txn_ms} ms): a record could outlive its transaction; set at most {txn_ms}, or leave it out to follow transaction.timeout"),
+            Ok(_) => continue,
+        };
+        found.push(ConfigError::new(key, message));
+    }
+    found
+}
+
+/// Properties the bridge sets itself: a passthrough value would fight it or break the guarantee.
+fn passthrough(c: &Config) -> Found {
+    let mut found = Vec::new();
+    for (section, props) in [("source", &c.source.kafka), ("sink", &c.sink.kafka)] {
+        for (name, value) in props.iter() {
+            let instead = match (section, name) {
+                (_, "bootstrap.servers" | "metadata.broker.list") => {
+                    &format!("use {section}.bootstrap_servers")
+                }
+                ("source", "group.id") => {
+                    "the bridge assigns partitions itself and keeps positions in its checkpoints"
+                }
+                ("source", "enable.auto.commit") => {
+                    "positions live in the bridge's checkpoints, never in auto-commits"
+                }
+                ("source", "enable.auto.offset.store") => "positions live in the bridge's checkpoints",
+                ("source", "isolation.level") => "the bridge always reads read_committed, so aborted source records are never bridged",
+                ("source", "auto.offset.reset") => "use source.on_offset_out_of_range (and source.start for the first run)",
+                ("sink", "transactional.id") => "the bridge derives it from bridge.id and bridge.instance",
+                ("sink", "transaction.timeout.ms") => "use [transaction] timeout",
+                ("sink", "enable.idempotence") => "the bridge sets it for the delivery mode; choose bridge.delivery",
+                _ => continue,
+            };
+            let message = format!("{value:?}: the bridge sets this property itself, so it may not be passed through; remove it ({instead})");
+            found.push(ConfigError::new(format!("{section}.kafka.{name}"), message));
+        }
+    }
+    found
+}
+
+fn servers(key: &str, servers: &str) -> Found {
+    let message = if servers.trim().is_empty() {
+        r#"is required: list the cluster's brokers, e.g. "kafka-1:9092,kafka-2:9092""#.to_string()
+    } else if servers.split(',').any(|s| s.trim().is_empty()) {
+        format!(
+            r#"{servers:?} has an empty entry: separate brokers with single commas, e.g. "kafka-1:9092,kafka-2:9092""#
+        )
+    } else {
+        return vec![];
+    };
+    vec![ConfigError::new(key, message)]
+}
+
+fn positive(key: &str, value: Duration) -> Found {
+    when(value.is_zero(), key, || {
+        format!(r#""0s" must be longer than zero: {DURATION_EXAMPLES}"#)
+    })
+}
+
+fn some_bytes(key: &str, value: u64, why: &str) -> Found {
+    when(value == 0, key, || {
+        format!("0 {why}: give a number of bytes, such as 16777216 for 16 MiB")
+    })
+}
+
+/// The characters of a bridge id and of a topic name.
+fn legal(ch: char) -> bool {
+    ch.is_ascii_alphanumeric() || matches!(ch, '.' | '_' | '-')
 }
 
 /// Compiles a topic pattern to match whole names, as Kafka's Java clients do.
@@ -2046,10 +1606,7 @@ fn check_topic_name(name: &str) -> Result<(), &'static str> {
         Err("is not a legal topic name")
     } else if name.len() > 249 {
         Err("is longer than Kafka's limit of 249 characters")
-    } else if !name
-        .chars()
-        .all(|ch| ch.is_ascii_alphanumeric() || matches!(ch, '.' | '_' | '-'))
-    {
+    } else if !name.chars().all(legal) {
         Err("holds characters Kafka does not allow in topic names (only letters, digits, '.', '_' and '-')")
     } else {
         Ok(())
@@ -2102,7 +1659,6 @@ fn regex_reason(e: &regex::Error) -> String {
         .unwrap_or_default();
     last.strip_prefix("error: ").unwrap_or(last).to_string()
 }
-
 #[cfg(test)]
 mod tests {
     use std::io::Write;
@@ -2176,6 +1732,15 @@ mod tests {
         assert!(!config.source.kafka.is_empty() && !config.sink.kafka.is_empty());
     }
 
+    /// Every key the structs accept, as serialized from a config that sets the optional ones.
+    fn every_key() -> toml::Table {
+        let mut full = Config::default();
+        full.source.topic_pattern = Some("p".into());
+        full.api.admin_token = Some(Secret::new("t"));
+        full.api.ready_max_age = Some(Duration::from_secs(1));
+        toml::Table::try_from(&full).unwrap()
+    }
+
     #[test]
     fn mirror_keys_are_checked() {
         let with = |source: &str, sink: &str| {
@@ -2223,8 +1788,7 @@ mod tests {
     fn example_file_documents_every_key() {
         let text = std::fs::read_to_string(repo_file("eos-bridge.toml")).unwrap();
         let lines: Vec<&str> = text.lines().map(|l| l.trim_start_matches("# ")).collect();
-        for &section in field_names::<RawConfig>() {
-            let (keys, has_kafka) = section_keys(section).unwrap();
+        for (section, keys) in every_key() {
             let start = lines
                 .iter()
                 .position(|l| *l == format!("[{section}]"))
@@ -2233,17 +1797,18 @@ mod tests {
                 .iter()
                 .take_while(|l| !l.starts_with('[') || l.starts_with(&format!("[{section}.")));
             let body: Vec<&str> = body.copied().collect();
-            for key in keys {
+            for key in keys.as_table().unwrap().keys() {
+                if key == "kafka" {
+                    assert!(
+                        text.contains(&format!("[{section}.kafka]")),
+                        "[{section}.kafka] missing"
+                    );
+                    continue;
+                }
                 let set = format!("{key} = ");
                 assert!(
                     body.iter().any(|l| l.starts_with(&set)),
                     "{section}.{key} missing"
-                );
-            }
-            if has_kafka {
-                assert!(
-                    text.contains(&format!("[{section}.kafka]")),
-                    "[{section}.kafka] missing"
                 );
             }
         }
@@ -2656,6 +2221,30 @@ mod tests {
         assert_eq!(keys, expected, "{errors:#?}");
         let shown = ConfigErrors(errors).to_string();
         assert_eq!(shown.lines().count(), 5, "one error per line:\n{shown}");
+    }
+
+    #[test]
+    fn bad_values_and_unknown_keys_of_one_table_are_all_named() {
+        let toml = format!(
+            "{BASE}\n[checkpoint]\nintervall = \"1s\"\nretian = 3\ninterval = \"soon\"\ntimeout = 5\nretain = \"x\"\n"
+        );
+        let errors = errors(&toml, &[("EOS_BRIDGE__CHECKPOINT__MAX_BYTES", "-1")]);
+        let keys: Vec<&str> = errors.iter().map(|e| e.key.as_str()).collect();
+        assert_eq!(
+            keys,
+            [
+                "checkpoint.intervall",
+                "checkpoint.retian",
+                "checkpoint.interval",
+                "checkpoint.max_bytes",
+                "checkpoint.retain",
+                "checkpoint.timeout",
+            ],
+            "{errors:#?}"
+        );
+        assert!(errors[3]
+            .message
+            .contains("EOS_BRIDGE__CHECKPOINT__MAX_BYTES"));
     }
 
     #[test]
@@ -3455,35 +3044,61 @@ mod tests {
     }
 
     #[test]
-    fn sections_accept_exactly_their_fields() {
+    fn unknown_keys_name_exactly_what_their_table_accepts() {
+        let keys = every_key();
+        let sections: Vec<&str> = keys.keys().map(String::as_str).collect();
         assert_eq!(
-            field_names::<RawConfig>(),
+            sections,
             [
-                "bridge",
-                "source",
-                "sink",
-                "checkpoint",
-                "transaction",
                 "api",
-                "shutdown"
+                "bridge",
+                "checkpoint",
+                "shutdown",
+                "sink",
+                "source",
+                "transaction"
             ]
         );
+        let found = errors(&format!("{BASE}\n[checkpoint]\nretian = 3\n"), &[]);
         assert_eq!(
-            field_names::<RawSource>(),
-            [
-                "bootstrap_servers",
-                "topics",
-                "topic_pattern",
-                "topic_exclude",
-                "start",
-                "on_offset_out_of_range"
-            ]
+            found[0].to_string(),
+            "checkpoint.retian: unknown key: [checkpoint] accepts interval, min_pause, timeout, retain, max_bytes; check the spelling"
         );
-        // deny_unknown_fields stays as a second line behind the walk in `Loader::read`.
-        let mut table = LayerMap::new();
-        table.insert("retian".to_string(), Value::from("3"));
-        let raw = Value::new(None, ValueKind::Table(table)).try_deserialize::<RawCheckpoint>();
-        assert!(raw.is_err());
+        let found = errors(&format!("{BASE}\n[transaction]\ntimeuot = \"1s\"\n"), &[]);
+        assert!(
+            found[0].message.contains("[transaction] accepts timeout;"),
+            "{}",
+            found[0]
+        );
+        let found = errors(BASE, &[("EOS_BRIDGE__LOGGING__LEVEL", "debug")]);
+        assert_eq!(
+            found[0].to_string(),
+            "logging: unknown key (set by EOS_BRIDGE__LOGGING__LEVEL): the top level accepts bridge, source, sink, checkpoint, transaction, api, shutdown; check the spelling"
+        );
+    }
+
+    #[test]
+    fn a_config_written_with_toml_loads_back_the_same() {
+        let mut config = load(BASE, &[]).unwrap();
+        config.bridge.delivery = Delivery::AtLeastOnce;
+        config.source.start = StartPosition::Timestamp(1_700_000_000_000);
+        config.source.kafka = [("client.id", "c"), ("fetch.max.bytes", "1048576")]
+            .into_iter()
+            .collect();
+        config.sink.kafka = [("sasl.password", "pw"), ("linger.ms", "5")]
+            .into_iter()
+            .collect();
+        config.checkpoint.min_pause = Duration::from_millis(1500);
+        config.api.admin_token = Some(Secret::new("tok"));
+        config.api.ready_max_age = Some(Duration::from_secs(90));
+        let text = toml::to_string(&config).unwrap();
+        assert!(text.contains("min_pause = \"1s 500ms\""), "{text}");
+        assert_eq!(load(&text, &[]), Ok(config.clone()));
+        // Unset optional keys are left out rather than written empty.
+        config.api.admin_token = None;
+        let text = toml::to_string(&config).unwrap();
+        assert!(!text.contains("admin_token"), "{text}");
+        assert_eq!(load(&text, &[]), Ok(config));
     }
 
     #[test]
