@@ -190,6 +190,9 @@ pub struct ApiConfig {
     pub admin_token: Option<Secret>,
     /// See [`Config::ready_max_age`] for the default.
     pub ready_max_age: Option<Duration>,
+    /// PEM files of the certificate chain and its private key: set both to serve HTTPS only.
+    pub tls_cert: Option<PathBuf>,
+    pub tls_key: Option<PathBuf>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -237,7 +240,10 @@ impl Config {
         let root = layers(file, env)?;
         let mut loader = Loader::default();
         let (raw, source_kafka, sink_kafka) = loader.read(root);
-        let config = loader.resolve(raw, source_kafka, sink_kafka);
+        let mut config = loader.resolve(raw, source_kafka, sink_kafka);
+        loader
+            .errors
+            .extend(crate::secrets::resolve(&mut config, env));
         loader.validate(&config);
         loader.finish(config)
     }
@@ -572,6 +578,8 @@ impl Default for ApiConfig {
             listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
             admin_token: None,
             ready_max_age: None,
+            tls_cert: None,
+            tls_key: None,
         }
     }
 }
@@ -601,11 +609,17 @@ impl KafkaProps {
         self.0.len()
     }
 
+    /// Every value by name, to rewrite in place (secret references are resolved so).
+    pub(crate) fn values_mut(&mut self) -> impl Iterator<Item = (&str, &mut String)> {
+        self.0.iter_mut().map(|(k, v)| (k.as_str(), v))
+    }
+
     /// Whether a property's value is a credential, to be kept out of logs and `Debug` output.
     pub fn is_sensitive(key: &str) -> bool {
         let key = key.to_ascii_lowercase();
         [
             "password",
+            "passphrase",
             "secret",
             "jaas",
             "token",
@@ -794,6 +808,8 @@ struct RawApi {
     listen: Field<Parse<ListenAddr>>,
     admin_token: Field<String>,
     ready_max_age: Field<HumanDuration>,
+    tls_cert: Field<String>,
+    tls_key: Field<String>,
 }
 
 #[derive(Default, serde::Deserialize)]
@@ -1342,6 +1358,8 @@ impl Loader {
             ready_max_age: self
                 .take("api.ready_max_age", a.ready_max_age)
                 .map(|HumanDuration(v)| v),
+            tls_cert: self.take("api.tls_cert", a.tls_cert).map(PathBuf::from),
+            tls_key: self.take("api.tls_key", a.tls_key).map(PathBuf::from),
         };
         let shutdown = ShutdownConfig {
             timeout: self
@@ -1373,6 +1391,17 @@ impl Loader {
                     "is empty: set a long random token, or leave the key out",
                 );
             }
+        }
+        match (&c.api.tls_cert, &c.api.tls_key) {
+            (Some(_), None) => self.fail(
+                "api.tls_key",
+                "is required with api.tls_cert: set both PEM paths to serve HTTPS, or neither for plain HTTP",
+            ),
+            (None, Some(_)) => self.fail(
+                "api.tls_cert",
+                "is required with api.tls_key: set both PEM paths to serve HTTPS, or neither for plain HTTP",
+            ),
+            _ => {}
         }
         if c.api.ready_max_age == Some(Duration::ZERO) && self.usable(&["api.ready_max_age"]) {
             self.fail(
@@ -2224,6 +2253,8 @@ mod tests {
             listen = "0.0.0.0:9090"
             admin_token = "s3cret"
             ready_max_age = "90s"
+            tls_cert = "/etc/eos-bridge/tls/tls.crt"
+            tls_key = "/etc/eos-bridge/tls/tls.key"
 
             [shutdown]
             timeout = "45s"
@@ -2281,6 +2312,8 @@ mod tests {
                 listen: "0.0.0.0:9090".parse().unwrap(),
                 admin_token: Some(Secret::new("s3cret")),
                 ready_max_age: Some(Duration::from_secs(90)),
+                tls_cert: Some("/etc/eos-bridge/tls/tls.crt".into()),
+                tls_key: Some("/etc/eos-bridge/tls/tls.key".into()),
             },
             shutdown: ShutdownConfig {
                 timeout: Duration::from_secs(45),
@@ -3019,6 +3052,84 @@ mod tests {
             "api.listen",
             &["\"localhost:8080\"", "127.0.0.1:8080"],
         );
+        rejects(
+            BASE,
+            &[("EOS_BRIDGE__API__TLS_CERT", "/tls/tls.crt")],
+            "api.tls_key",
+            &["api.tls_cert", "both"],
+        );
+        rejects(
+            BASE,
+            &[("EOS_BRIDGE__API__TLS_KEY", "/tls/tls.key")],
+            "api.tls_cert",
+            &["api.tls_key", "both"],
+        );
+    }
+
+    #[test]
+    fn secret_references_resolve_at_load_and_stay_out_of_debug_output() {
+        let dir = tempfile::tempdir().unwrap();
+        let password = dir.path().join("password");
+        std::fs::write(&password, "file-pw-5150\n").unwrap();
+        let toml = format!(
+            r#"{BASE}
+            [api]
+            admin_token = "${{env:BRIDGE_ADMIN_TOKEN}}"
+            [sink.kafka]
+            "sasl.password" = "${{file:{}}}"
+            "sasl.username" = "$${{literal}}"
+            "compression.type" = "zstd"
+            "#,
+            password.display()
+        );
+        let c = load(
+            &toml,
+            &[
+                ("BRIDGE_ADMIN_TOKEN", "env-tok-6a6a"),
+                (
+                    "EOS_BRIDGE__SOURCE__KAFKA__SSL_KEY_PASSWORD",
+                    "${env:KEY_PW}",
+                ),
+                ("KEY_PW", "env-kpw-7b7b"),
+            ],
+        )
+        .unwrap();
+        assert_eq!(c.sink.kafka.get("sasl.password"), Some("file-pw-5150"));
+        assert_eq!(c.sink.kafka.get("sasl.username"), Some("${literal}"));
+        assert_eq!(c.source.kafka.get("ssl.key.password"), Some("env-kpw-7b7b"));
+        assert_eq!(
+            c.api.admin_token.as_ref().map(Secret::expose),
+            Some("env-tok-6a6a")
+        );
+        let shown = format!("{c:?} {c:#?}");
+        for secret in ["file-pw-5150", "env-tok-6a6a", "env-kpw-7b7b"] {
+            assert!(!shown.contains(secret), "{secret} shown in {shown}");
+        }
+        assert!(shown.contains("zstd"), "{shown}");
+    }
+
+    #[test]
+    fn unresolvable_references_are_errors_naming_key_and_source() {
+        let toml = format!(
+            r#"{BASE}
+            [api]
+            admin_token = "${{env:NO_SUCH_TOKEN_VAR}}"
+            [sink.kafka]
+            "sasl.password" = "${{file:/nonexistent/eos-bridge/pw}}"
+            "#
+        );
+        let errors = errors(&toml, &[]);
+        assert_eq!(errors.len(), 2, "{errors:#?}");
+        let token = errors.iter().find(|e| e.key == "api.admin_token").unwrap();
+        assert!(
+            token.message.contains("NO_SUCH_TOKEN_VAR is not set"),
+            "{token}"
+        );
+        let pw = errors
+            .iter()
+            .find(|e| e.key == "sink.kafka.sasl.password")
+            .unwrap();
+        assert!(pw.message.contains("/nonexistent/eos-bridge/pw"), "{pw}");
     }
 
     #[test]
