@@ -19,7 +19,7 @@ use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 use serde_json::json;
 
 use crate::checkpoint::{CheckpointState, CheckpointStore, StoreError};
-use crate::config::Secret;
+use crate::config::{ConfigError, Secret};
 use crate::metrics::Metrics;
 use crate::pipeline::Command;
 use crate::savepoint::{valid_name, Savepoint};
@@ -55,22 +55,25 @@ pub fn router(state: ApiState) -> Router {
         .with_state(state)
 }
 
-/// The TLS settings of `[api] tls_cert` and `tls_key`, read once at start. Messages name the
+/// The TLS settings of `[api] tls_cert` and `tls_key`, read once at start. Errors name the
 /// setting and the file; they never quote a line of it, as the key file is a secret.
 pub fn tls_config(
     cert: &std::path::Path,
     key: &std::path::Path,
-) -> Result<Arc<rustls::ServerConfig>, String> {
+) -> Result<Arc<rustls::ServerConfig>, ConfigError> {
     let why = |setting: &str, path: &std::path::Path, what: &str, e: pem::Error| {
         let reason = match e {
             pem::Error::Io(e) => format!("cannot read the file ({e})"),
             pem::Error::NoItemsFound => format!("the file holds no PEM {what}"),
             _ => format!("the file is not valid PEM ({what} expected)"),
         };
-        format!(
-            "api.{setting}: {}: {reason}; point it at a PEM file, e.g. the tls.crt/tls.key of a \
-             Kubernetes TLS Secret",
-            path.display()
+        ConfigError::new(
+            format!("api.{setting}"),
+            format!(
+                "{}: {reason}; point it at a PEM file, e.g. the tls.crt/tls.key of a Kubernetes \
+                 TLS Secret",
+                path.display()
+            ),
         )
     };
     let chain = CertificateDer::pem_file_iter(cert)
@@ -96,11 +99,14 @@ pub fn tls_config(
             Arc::new(config)
         })
         .map_err(|e| {
-            format!(
-                "api.tls_cert / api.tls_key: {} and {} do not make a usable certificate and key ({e}); \
-                 check that the key belongs to the certificate",
-                cert.display(),
-                key.display()
+            ConfigError::new(
+                "api.tls_key",
+                format!(
+                    "{} and the certificate {} are not a usable pair ({e}); check that the key \
+                     belongs to the certificate",
+                    key.display(),
+                    cert.display()
+                ),
             )
         })
 }

@@ -54,7 +54,10 @@ async fn serve(cfg: Arc<Config>, restore: Option<Restore>) -> Result<()> {
 
     // Read before listening: a bad certificate stops the start with its own message.
     let tls = match (&cfg.api.tls_cert, &cfg.api.tls_key) {
-        (Some(cert), Some(key)) => Some(api::tls_config(cert, key).map_err(BridgeError::Setup)?),
+        (Some(cert), Some(key)) => Some(
+            api::tls_config(cert, key)
+                .map_err(|e| BridgeError::Config(crate::config::ConfigErrors(vec![e])))?,
+        ),
         _ => None,
     };
     let listener = tokio::net::TcpListener::bind(cfg.api.listen)
