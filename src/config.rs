@@ -3383,6 +3383,8 @@ mod tests {
             "ssl.keystore.key",
             "sasl.jaas.config",
             "sasl.oauthbearer.client.secret",
+            "sasl.oauthbearer.assertion.private.key.passphrase",
+            "sasl.oauthbearer.assertion.private.key.pem",
         ] {
             assert!(KafkaProps::is_sensitive(key), "{key}");
         }

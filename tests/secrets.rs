@@ -430,6 +430,17 @@ fn the_api_serves_https_and_the_admin_token_works_over_it() {
     assert!(done, "{:?}: {}", committed(), tail(&bridge.log_text(), 30));
 
     assert_eq!(get("/health/live").map(|r| r.0), Some(200));
+    let out = bin()
+        .args(["check", "--config", path_str(&config)])
+        .env(TOKEN_VAR, &token)
+        .output()
+        .unwrap();
+    let text = output_text(&out);
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with("api tls") && l.contains("ok")),
+        "{text}"
+    );
     let (code, status) = get("/api/v1/status").unwrap();
     assert_eq!(code, 200);
     assert!(status.contains(&spec.id), "{status}");
