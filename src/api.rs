@@ -1,7 +1,9 @@
 //! The HTTP API (axum): health, readiness, Prometheus metrics, status, checkpoints and savepoints.
 //! Handlers read the shared status, the metrics registry and the checkpoint store; a savepoint
 //! request is handed to the pipeline, which serves it at its next checkpoint. Nothing here blocks
-//! the pipeline. Mutating endpoints need the admin bearer token and are closed without one.
+//! the pipeline. Mutating endpoints need the admin bearer token and are closed without one; with
+//! `[api] tls_cert` and `tls_key` the API speaks HTTPS only, so that the token is never sent in
+//! clear.
 
 use std::sync::mpsc::Sender;
 use std::sync::Arc;
@@ -12,10 +14,12 @@ use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
+use rustls_pki_types::pem::{self, PemObject};
+use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 use serde_json::json;
 
 use crate::checkpoint::{CheckpointState, CheckpointStore, StoreError};
-use crate::config::Secret;
+use crate::config::{ConfigError, Secret};
 use crate::metrics::Metrics;
 use crate::pipeline::Command;
 use crate::savepoint::{valid_name, Savepoint};
@@ -49,6 +53,62 @@ pub fn router(state: ApiState) -> Router {
             get(one_savepoint).delete(delete_savepoint),
         )
         .with_state(state)
+}
+
+/// The TLS settings of `[api] tls_cert` and `tls_key`, read once at start. Errors name the
+/// setting and the file; they never quote a line of it, as the key file is a secret.
+pub fn tls_config(
+    cert: &std::path::Path,
+    key: &std::path::Path,
+) -> Result<Arc<rustls::ServerConfig>, ConfigError> {
+    let why = |setting: &str, path: &std::path::Path, what: &str, e: pem::Error| {
+        let reason = match e {
+            pem::Error::Io(e) => format!("cannot read the file ({e})"),
+            pem::Error::NoItemsFound => format!("the file holds no PEM {what}"),
+            _ => format!("the file is not valid PEM ({what} expected)"),
+        };
+        ConfigError::new(
+            format!("api.{setting}"),
+            format!(
+                "{}: {reason}; point it at a PEM file, e.g. the tls.crt/tls.key of a Kubernetes \
+                 TLS Secret",
+                path.display()
+            ),
+        )
+    };
+    let chain = CertificateDer::pem_file_iter(cert)
+        .and_then(|certs| certs.collect::<Result<Vec<_>, _>>())
+        .map_err(|e| why("tls_cert", cert, "certificate", e))?;
+    if chain.is_empty() {
+        return Err(why(
+            "tls_cert",
+            cert,
+            "certificate",
+            pem::Error::NoItemsFound,
+        ));
+    }
+    let private =
+        PrivateKeyDer::from_pem_file(key).map_err(|e| why("tls_key", key, "private key", e))?;
+    // Explicitly ring: the process must not depend on which rustls provider happens to be built in.
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .and_then(|b| b.with_no_client_auth().with_single_cert(chain, private))
+        .map(|mut config| {
+            config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+            Arc::new(config)
+        })
+        .map_err(|e| {
+            ConfigError::new(
+                "api.tls_key",
+                format!(
+                    "{} and the certificate {} are not a usable pair ({e}); check that the key \
+                     belongs to the certificate",
+                    key.display(),
+                    cert.display()
+                ),
+            )
+        })
 }
 
 async fn live(State(s): State<ApiState>) -> Response {

@@ -52,6 +52,15 @@ fn fail(check: &str, detail: impl Into<String>, fix: impl Into<String>) -> Findi
 /// Runs every check against the clusters; `runtime` drives the admin calls.
 pub fn run(cfg: &Config, runtime: &tokio::runtime::Runtime) -> Vec<Finding> {
     let mut out = vec![pass("configuration", "parsed and validated")];
+    if let (Some(cert), Some(key)) = (&cfg.api.tls_cert, &cfg.api.tls_key) {
+        out.push(match crate::api::tls_config(cert, key) {
+            Ok(_) => pass(
+                "api tls",
+                format!("certificate {} and its key load", cert.display()),
+            ),
+            Err(e) => fail("api tls", e.to_string(), "fix [api] tls_cert / tls_key"),
+        });
+    }
 
     let mut source_topics = BTreeMap::new();
     match Source::new(cfg).and_then(|s| s.discover()) {

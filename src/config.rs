@@ -191,6 +191,11 @@ pub struct ApiConfig {
         skip_serializing_if = "Option::is_none"
     )]
     pub ready_max_age: Option<Duration>,
+    /// PEM files of the certificate chain and its private key: set both to serve HTTPS only.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tls_cert: Option<PathBuf>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tls_key: Option<PathBuf>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -257,6 +262,8 @@ impl Default for ApiConfig {
             listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
             admin_token: None,
             ready_max_age: None,
+            tls_cert: None,
+            tls_key: None,
         }
     }
 }
@@ -484,6 +491,9 @@ impl Config {
         if !written("marker_topic") {
             config.sink.marker_topic = default_marker_topic(&config.bridge.id);
         }
+        report
+            .errors
+            .extend(crate::secrets::resolve(&mut config, env));
         report.check(&config);
         report.finish(config)
     }
@@ -620,6 +630,11 @@ impl KafkaProps {
         self.0.iter().map(|(k, v)| (k.as_str(), v.as_str()))
     }
 
+    /// Every value by name, to rewrite in place (secret references are resolved so).
+    pub(crate) fn values_mut(&mut self) -> impl Iterator<Item = (&str, &mut String)> {
+        self.0.iter_mut().map(|(k, v)| (k.as_str(), v))
+    }
+
     pub fn get(&self, key: &str) -> Option<&str> {
         self.0.get(key).map(String::as_str)
     }
@@ -637,6 +652,7 @@ impl KafkaProps {
         let key = key.to_ascii_lowercase();
         let words = [
             "password",
+            "passphrase",
             "secret",
             "jaas",
             "token",
@@ -1269,6 +1285,17 @@ const RULES: &[(&[&str], Rule)] = &[
             },
         )
     }),
+    (&["api.tls_cert", "api.tls_key"], |c| {
+        let (set, missing) = match (&c.api.tls_cert, &c.api.tls_key) {
+            (Some(_), None) => ("api.tls_cert", "api.tls_key"),
+            (None, Some(_)) => ("api.tls_key", "api.tls_cert"),
+            _ => return vec![],
+        };
+        let message = format!(
+            "is required with {set}: set both PEM paths to serve HTTPS, or neither for plain HTTP"
+        );
+        vec![ConfigError::new(missing, message)]
+    }),
     (&["shutdown.timeout"], |c| {
         when(c.shutdown.timeout.is_zero(), "shutdown.timeout", || {
             r#""0s" leaves no time to finish the last checkpoint: use e.g. "30s""#.into()
@@ -1785,6 +1812,72 @@ mod tests {
     }
 
     #[test]
+    fn secret_references_resolve_at_load_and_stay_out_of_debug_output() {
+        let dir = tempfile::tempdir().unwrap();
+        let password = dir.path().join("password");
+        std::fs::write(&password, "file-pw-5150\n").unwrap();
+        let toml = format!(
+            r#"{BASE}
+            [api]
+            admin_token = "${{env:BRIDGE_ADMIN_TOKEN}}"
+            [sink.kafka]
+            "sasl.password" = "${{file:{}}}"
+            "sasl.username" = "$${{literal}}"
+            "compression.type" = "zstd"
+            "#,
+            password.display()
+        );
+        let c = load(
+            &toml,
+            &[
+                ("BRIDGE_ADMIN_TOKEN", "env-tok-6a6a"),
+                (
+                    "EOS_BRIDGE__SOURCE__KAFKA__SSL_KEY_PASSWORD",
+                    "${env:KEY_PW}",
+                ),
+                ("KEY_PW", "env-kpw-7b7b"),
+            ],
+        )
+        .unwrap();
+        assert_eq!(c.sink.kafka.get("sasl.password"), Some("file-pw-5150"));
+        assert_eq!(c.sink.kafka.get("sasl.username"), Some("${literal}"));
+        assert_eq!(c.source.kafka.get("ssl.key.password"), Some("env-kpw-7b7b"));
+        assert_eq!(
+            c.api.admin_token.as_ref().map(Secret::expose),
+            Some("env-tok-6a6a")
+        );
+        let shown = format!("{c:?} {c:#?}");
+        for secret in ["file-pw-5150", "env-tok-6a6a", "env-kpw-7b7b"] {
+            assert!(!shown.contains(secret), "{secret} shown in {shown}");
+        }
+        assert!(shown.contains("zstd"), "{shown}");
+    }
+
+    #[test]
+    fn unresolvable_references_are_errors_naming_key_and_source() {
+        let toml = format!(
+            r#"{BASE}
+            [api]
+            admin_token = "${{env:NO_SUCH_TOKEN_VAR}}"
+            [sink.kafka]
+            "sasl.password" = "${{file:/nonexistent/eos-bridge/pw}}"
+            "#
+        );
+        let errors = errors(&toml, &[]);
+        assert_eq!(errors.len(), 2, "{errors:#?}");
+        let token = errors.iter().find(|e| e.key == "api.admin_token").unwrap();
+        assert!(
+            token.message.contains("NO_SUCH_TOKEN_VAR is not set"),
+            "{token}"
+        );
+        let pw = errors
+            .iter()
+            .find(|e| e.key == "sink.kafka.sasl.password")
+            .unwrap();
+        assert!(pw.message.contains("/nonexistent/eos-bridge/pw"), "{pw}");
+    }
+
+    #[test]
     fn example_file_documents_every_key() {
         let text = std::fs::read_to_string(repo_file("eos-bridge.toml")).unwrap();
         let lines: Vec<&str> = text.lines().map(|l| l.trim_start_matches("# ")).collect();
@@ -1883,6 +1976,8 @@ mod tests {
             listen = "0.0.0.0:9090"
             admin_token = "s3cret"
             ready_max_age = "90s"
+            tls_cert = "/etc/eos-bridge/tls/tls.crt"
+            tls_key = "/etc/eos-bridge/tls/tls.key"
 
             [shutdown]
             timeout = "45s"
@@ -1943,6 +2038,8 @@ mod tests {
                 listen: "0.0.0.0:9090".parse().unwrap(),
                 admin_token: Some(Secret::new("s3cret")),
                 ready_max_age: Some(Duration::from_secs(90)),
+                tls_cert: Some("/etc/eos-bridge/tls/tls.crt".into()),
+                tls_key: Some("/etc/eos-bridge/tls/tls.key".into()),
             },
             shutdown: ShutdownConfig {
                 timeout: Duration::from_secs(45),
@@ -2705,6 +2802,18 @@ mod tests {
             "api.listen",
             &["\"localhost:8080\"", "127.0.0.1:8080"],
         );
+        rejects(
+            BASE,
+            &[("EOS_BRIDGE__API__TLS_CERT", "/tls/tls.crt")],
+            "api.tls_key",
+            &["api.tls_cert", "both"],
+        );
+        rejects(
+            BASE,
+            &[("EOS_BRIDGE__API__TLS_KEY", "/tls/tls.key")],
+            "api.tls_cert",
+            &["api.tls_key", "both"],
+        );
     }
 
     #[test]
@@ -2958,6 +3067,8 @@ mod tests {
             "ssl.keystore.key",
             "sasl.jaas.config",
             "sasl.oauthbearer.client.secret",
+            "sasl.oauthbearer.assertion.private.key.passphrase",
+            "sasl.oauthbearer.assertion.private.key.pem",
         ] {
             assert!(KafkaProps::is_sensitive(key), "{key}");
         }

@@ -52,6 +52,14 @@ async fn serve(cfg: Arc<Config>, restore: Option<Restore>) -> Result<()> {
     .shared();
     let shutdown = CancellationToken::new();
 
+    // Read before listening: a bad certificate stops the start with its own message.
+    let tls = match (&cfg.api.tls_cert, &cfg.api.tls_key) {
+        (Some(cert), Some(key)) => Some(
+            api::tls_config(cert, key)
+                .map_err(|e| BridgeError::Config(crate::config::ConfigErrors(vec![e])))?,
+        ),
+        _ => None,
+    };
     let listener = tokio::net::TcpListener::bind(cfg.api.listen)
         .await
         .map_err(|e| {
@@ -60,7 +68,7 @@ async fn serve(cfg: Arc<Config>, restore: Option<Restore>) -> Result<()> {
                 cfg.api.listen
             ))
         })?;
-    info!(listen = %cfg.api.listen, "HTTP API listening");
+    info!(listen = %cfg.api.listen, tls = tls.is_some(), "HTTP API listening");
     let app = api::router(ApiState {
         metrics: metrics.clone(),
         status: status.clone(),
@@ -75,9 +83,14 @@ async fn serve(cfg: Arc<Config>, restore: Option<Restore>) -> Result<()> {
     });
     let api_shutdown = shutdown.clone();
     tokio::spawn(async move {
-        let served = axum::serve(listener, app)
-            .with_graceful_shutdown(async move { api_shutdown.cancelled().await })
-            .await;
+        let served = match tls {
+            None => {
+                axum::serve(listener, app)
+                    .with_graceful_shutdown(async move { api_shutdown.cancelled().await })
+                    .await
+            }
+            Some(tls) => serve_tls(listener, tls, app, api_shutdown).await,
+        };
         if let Err(e) = served {
             error!(error = %e, "HTTP API stopped");
         }
@@ -126,6 +139,26 @@ async fn serve(cfg: Arc<Config>, restore: Option<Restore>) -> Result<()> {
              lost, the next start recovers from the last committed checkpoint"
         ))),
     }
+}
+
+/// HTTPS only on the API's port: a plain HTTP request fails its TLS handshake.
+async fn serve_tls(
+    listener: tokio::net::TcpListener,
+    tls: Arc<rustls::ServerConfig>,
+    app: axum::Router,
+    shutdown: CancellationToken,
+) -> std::io::Result<()> {
+    let handle = axum_server::Handle::new();
+    let stopping = handle.clone();
+    tokio::spawn(async move {
+        shutdown.cancelled().await;
+        stopping.graceful_shutdown(Some(Duration::from_secs(1)));
+    });
+    let config = axum_server::tls_rustls::RustlsConfig::from_config(tls);
+    axum_server::from_tcp_rustls(listener.into_std()?, config)?
+        .handle(handle)
+        .serve(app.into_make_service())
+        .await
 }
 
 fn flatten(r: std::result::Result<Result<()>, oneshot::error::RecvError>) -> Result<()> {

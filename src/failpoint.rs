@@ -3,6 +3,8 @@
 //!
 //! `EOS_BRIDGE_FAILPOINT=NAME` kills the process with SIGKILL (exactly what kill -9 does: no
 //! destructor, no flush) the `EOS_BRIDGE_FAILPOINT_HIT`-th time (default 1) the step is reached.
+//! With `EOS_BRIDGE_FAILPOINT_ACTION=panic` it panics there instead, so that tests can read what a
+//! panic prints (it must never show a secret).
 
 /// The steps of a new layout's take-over a failpoint can name, in order (docs/design.md,
 /// "Rescaling").
@@ -34,6 +36,9 @@ pub fn hit(step: &'static str) {
     });
     if let Some((name, nth)) = armed {
         if name == step && COUNT.fetch_add(1, Ordering::SeqCst) + 1 == *nth {
+            if std::env::var("EOS_BRIDGE_FAILPOINT_ACTION").as_deref() == Ok("panic") {
+                panic!("failpoint '{step}' reached");
+            }
             eprintln!("eos-bridge: failpoint '{step}' reached: killing this process");
             // SAFETY: sending a signal to our own pid has no memory-safety preconditions.
             unsafe {

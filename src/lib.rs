@@ -20,6 +20,7 @@ pub mod pipeline;
 pub mod positions;
 pub mod recovery;
 pub mod savepoint;
+pub mod secrets;
 pub mod sink;
 pub mod source;
 pub mod status;

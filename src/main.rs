@@ -248,3 +248,36 @@ fn export_savepoint(dir: &std::path::Path, name: &str) -> anyhow::Result<()> {
     println!("{}", sp.to_json());
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    use super::Cli;
+
+    /// The process list shows every argument: no flag may take a secret, which belongs in a file
+    /// or the environment (referenced from the configuration).
+    #[test]
+    fn no_flag_takes_a_secret() {
+        fn walk(cmd: &clap::Command, seen: &mut Vec<String>) {
+            for arg in cmd.get_arguments() {
+                seen.push(arg.get_id().to_string());
+            }
+            for sub in cmd.get_subcommands() {
+                walk(sub, seen);
+            }
+        }
+        let mut ids = Vec::new();
+        walk(&Cli::command(), &mut ids);
+        assert!(ids.iter().any(|id| id == "config"), "{ids:?}");
+        for id in &ids {
+            let id = id.to_ascii_lowercase();
+            for word in ["password", "secret", "token", "key", "credential", "jaas"] {
+                assert!(
+                    !id.contains(word),
+                    "flag --{id} looks like it takes a secret"
+                );
+            }
+        }
+    }
+}
