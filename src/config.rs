@@ -69,6 +69,7 @@ pub struct Config {
     pub transaction: TransactionConfig,
     pub api: ApiConfig,
     pub shutdown: ShutdownConfig,
+    pub offsets: OffsetsConfig,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -178,6 +179,26 @@ pub struct CheckpointConfig {
     /// An epoch ends early once its output (keys and values) reaches this many bytes.
     pub max_bytes: u64,
 }
+
+/// `[offsets]`: the offset mapping that `eos-bridge offsets translate` reads, and the monitoring
+/// group (docs/design.md, "Offset translation").
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OffsetsConfig {
+    /// The sink topic holding each checkpoint's mapping; default `__eos_bridge_offsets.<id>`.
+    pub topic: String,
+    /// How long the mapping is kept (the topic's retention.ms when the bridge creates it).
+    pub retention: Duration,
+    /// An epoch ends early once its mapping holds this many runs; also the most runs per record.
+    pub max_runs: usize,
+    /// The source-cluster consumer group the bridge commits its positions to after each
+    /// checkpoint, for monitoring only; empty: none. Default `eos-bridge.<id>`.
+    pub monitor_group: String,
+}
+
+/// `offsets.retention` when unset: a day of checkpoints.
+pub const DEFAULT_OFFSETS_RETENTION: Duration = Duration::from_secs(24 * 3600);
+/// `offsets.max_runs` when unset: about 100 KB of mapping per record.
+pub const DEFAULT_OFFSETS_MAX_RUNS: usize = 4096;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TransactionConfig {
@@ -737,6 +758,16 @@ struct RawConfig {
     transaction: RawTransaction,
     api: RawApi,
     shutdown: RawShutdown,
+    offsets: RawOffsets,
+}
+
+#[derive(Default, serde::Deserialize)]
+#[serde(default, deny_unknown_fields)]
+struct RawOffsets {
+    topic: Field<String>,
+    retention: Field<HumanDuration>,
+    max_runs: Field<Count<usize>>,
+    monitor_group: Field<String>,
 }
 
 #[derive(Default, serde::Deserialize)]
@@ -812,6 +843,7 @@ fn section_keys(section: &str) -> Option<(&'static [&'static str], bool)> {
         "transaction" => (field_names::<RawTransaction>(), false),
         "api" => (field_names::<RawApi>(), false),
         "shutdown" => (field_names::<RawShutdown>(), false),
+        "offsets" => (field_names::<RawOffsets>(), false),
         _ => return None,
     })
 }
@@ -1238,6 +1270,7 @@ impl Loader {
             transaction: t,
             api: a,
             shutdown: d,
+            offsets: o,
         } = raw;
         let bridge = BridgeConfig {
             // Required: validation reports it missing.
@@ -1348,6 +1381,32 @@ impl Loader {
                 .take("shutdown.timeout", d.timeout)
                 .map_or(ShutdownConfig::default().timeout, |HumanDuration(v)| v),
         };
+        let offsets = OffsetsConfig {
+            topic: self
+                .take("offsets.topic", o.topic)
+                .unwrap_or_else(|| format!("__eos_bridge_offsets.{}", bridge.id)),
+            retention: self
+                .take("offsets.retention", o.retention)
+                .map_or(DEFAULT_OFFSETS_RETENTION, |HumanDuration(v)| v),
+            max_runs: self
+                .take("offsets.max_runs", o.max_runs)
+                .map_or(DEFAULT_OFFSETS_MAX_RUNS, |Count(n)| n),
+            monitor_group: self
+                .take("offsets.monitor_group", o.monitor_group)
+                .unwrap_or_else(|| format!("eos-bridge.{}", bridge.id)),
+        };
+        if offsets.max_runs == 0 {
+            self.fail(
+                "offsets.max_runs",
+                "0 leaves no room for a run: use a whole number of 1 or more, such as 4096",
+            );
+        }
+        if offsets.retention.is_zero() {
+            self.fail(
+                "offsets.retention",
+                r#""0s" keeps no mapping: use e.g. "24h""#,
+            );
+        }
         Config {
             bridge,
             source,
@@ -1356,6 +1415,7 @@ impl Loader {
             transaction,
             api,
             shutdown,
+            offsets,
         }
     }
 
@@ -2284,6 +2344,12 @@ mod tests {
             },
             shutdown: ShutdownConfig {
                 timeout: Duration::from_secs(45),
+            },
+            offsets: OffsetsConfig {
+                topic: "__eos_bridge_offsets.orders.mirror_2".into(),
+                retention: DEFAULT_OFFSETS_RETENTION,
+                max_runs: DEFAULT_OFFSETS_MAX_RUNS,
+                monitor_group: "eos-bridge.orders.mirror_2".into(),
             },
         };
         assert_eq!(config, expected);
@@ -3368,7 +3434,8 @@ mod tests {
                 "checkpoint",
                 "transaction",
                 "api",
-                "shutdown"
+                "shutdown",
+                "offsets"
             ]
         );
         assert_eq!(

@@ -15,6 +15,7 @@ pub mod failpoint;
 pub mod identity;
 pub mod marker;
 pub mod metrics;
+pub mod offsets;
 pub mod pipeline;
 pub mod positions;
 pub mod recovery;
