@@ -353,6 +353,8 @@ struct Pipeline<'a> {
     fenced: BTreeSet<String>,
     /// The offset mapping written with each checkpoint (exactly-once under `preserve` only).
     offsets: Option<offsets::Tracker>,
+    /// Commits the positions to the monitoring group after each checkpoint.
+    monitor: Option<offsets::monitor::Monitor>,
 }
 
 impl<'a> Pipeline<'a> {
@@ -398,7 +400,8 @@ impl<'a> Pipeline<'a> {
 
         let store = shared.store.clone();
         let source = Source::new(&cfg)?;
-        source.count_monitor_commits(shared.metrics.monitor_commits.clone());
+        let monitor =
+            offsets::monitor::Monitor::start(&cfg, shared.metrics.monitor_commits.clone())?;
         let router = Router::new(&cfg.sink.topic, cfg.sink.partitioning);
 
         let marker_partitions = if exactly_once {
@@ -520,6 +523,7 @@ impl<'a> Pipeline<'a> {
             intent_committed: false,
             fenced: BTreeSet::new(),
             offsets: tracker,
+            monitor,
         };
         p.publish_in_flight_limit();
         // A listed topic that is missing may be one a restarting broker does not know yet: wait a
@@ -1502,11 +1506,8 @@ impl<'a> Pipeline<'a> {
                 .inc_by(m.runs as u64);
             t.committed(m);
         }
-        if !cfg.offsets.monitor_group.is_empty() {
-            // For lag tools only, never read back: a failure is counted, not acted on.
-            if let Err(e) = self.source.commit_for_monitoring(&current) {
-                warn!(error = %e, group = %cfg.offsets.monitor_group, "monitoring commit failed");
-            }
+        if let Some(m) = &self.monitor {
+            m.committed(self.source.positions_for_monitoring(&current));
         }
         if let Some((name, stop, reply)) = self.savepoint.take() {
             let sp = Savepoint::from_checkpoint(&checkpoint(CheckpointState::Committed));

@@ -6,9 +6,7 @@
 //! `instance` of `instances` alone, so it is stable across restarts and unaffected by other topics.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::{Mutex, OnceLock};
-
-use prometheus::IntCounterVec;
+use std::sync::Mutex;
 use std::time::Duration;
 
 use rdkafka::config::ClientConfig;
@@ -36,8 +34,6 @@ pub fn owns(instance: u32, instances: u32, topic: &str, partition: i32) -> bool 
 #[derive(Default)]
 pub struct SourceContext {
     last_stable: Mutex<HashMap<(String, i32), i64>>,
-    /// Counts the monitoring commits' results, once the pipeline hands it over.
-    monitor_commits: OnceLock<IntCounterVec>,
 }
 
 impl ClientContext for SourceContext {
@@ -53,17 +49,7 @@ impl ClientContext for SourceContext {
     }
 }
 
-impl ConsumerContext for SourceContext {
-    fn commit_callback(&self, result: KafkaResult<()>, _offsets: &TopicPartitionList) {
-        if let Err(e) = &result {
-            tracing::warn!(error = %e, "monitoring commit to the source consumer group failed");
-        }
-        if let Some(c) = self.monitor_commits.get() {
-            let label = if result.is_ok() { "ok" } else { "failed" };
-            c.with_label_values(&[label]).inc();
-        }
-    }
-}
+impl ConsumerContext for SourceContext {}
 
 enum Selector {
     List(Vec<String>),
@@ -84,8 +70,9 @@ impl Source {
             cc.set(k, v);
         }
         cc.set("bootstrap.servers", &cfg.source.bootstrap_servers)
-            // Used only for the optional monitoring commit; positions live in our checkpoints.
-            .set("group.id", monitor_group(cfg))
+            // Never committed to by this consumer: positions live in our checkpoints, and the
+            // monitoring group (by default this same id) has a client of its own, offsets::monitor.
+            .set("group.id", format!("eos-bridge.{}", cfg.bridge.id))
             .set("enable.auto.commit", "false")
             .set("enable.auto.offset.store", "false")
             // Aborted source transactions must never be bridged.
@@ -223,32 +210,23 @@ impl Source {
         self.consumer.poll(timeout)
     }
 
-    /// Where the monitoring commits' results are counted.
-    pub fn count_monitor_commits(&self, counter: IntCounterVec) {
-        let _ = self.consumer.context().monitor_commits.set(counter);
-    }
-
-    /// Commits positions to the source consumer group for monitoring only (lag tools); never read.
-    /// Asynchronous: the result arrives with a later poll and is counted then.
-    pub fn commit_for_monitoring(&self, positions: &Positions) -> Result<()> {
-        let mut tpl = TopicPartitionList::new();
-        for (t, p, o) in positions.iter() {
-            tpl.add_partition_offset(t, p, Offset::Offset(o))
-                .map_err(|e| BridgeError::kafka("commit offsets", e))?;
-        }
-        self.consumer
-            .commit(&tpl, rdkafka::consumer::CommitMode::Async)
-            .map_err(|e| BridgeError::kafka("commit offsets", e))
-    }
-}
-
-/// The group the source consumer commits to for monitoring (`offsets.monitor_group`); with
-/// monitoring off it still needs a group id, which is then never committed to.
-fn monitor_group(cfg: &Config) -> String {
-    if cfg.offsets.monitor_group.is_empty() {
-        format!("eos-bridge.{}", cfg.bridge.id)
-    } else {
-        cfg.offsets.monitor_group.clone()
+    /// The positions to show lag tools for committed `positions` (offsets::monitor): a
+    /// partition's consumer position where that is ahead. Right after a commit only transaction
+    /// markers or aborted records lie between the two (librdkafka moves the position over those as
+    /// it reads them), so a caught-up transactional partition shows lag 0, not 1 forever (lag tools
+    /// count to the log end).
+    pub fn positions_for_monitoring(&self, positions: &Positions) -> Positions {
+        let read = self.consumer.position().unwrap_or_default();
+        positions
+            .iter()
+            .map(|(t, p, o)| {
+                let at = match read.find_partition(t, p).map(|e| e.offset()) {
+                    Some(Offset::Offset(r)) if r > o => r,
+                    _ => o,
+                };
+                (t.to_string(), p, at)
+            })
+            .collect()
     }
 }
 

@@ -9,6 +9,7 @@
 //! carries the sink position of each partition forward.
 
 pub mod mapping;
+pub mod monitor;
 pub mod translate;
 
 use std::collections::HashMap;

@@ -88,7 +88,8 @@ fn client(bootstrap: &str, kafka: &[(String, String)], group: &str) -> ClientCon
         .set("enable.auto.commit", "false")
         .set("enable.auto.offset.store", "false")
         .set("isolation.level", "read_committed")
-        .set("enable.partition.eof", "true")
+        // No partition EOF events (rdkafka logs each as an error): ends are found by position.
+        .set("enable.partition.eof", "false")
         .set("auto.offset.reset", "earliest");
     cc
 }
@@ -178,7 +179,11 @@ pub fn translate(cfg: &Config, group: &str) -> Result<Report> {
                 if record == o {
                     format!("record {t}/{p}@{o}")
                 } else {
-                    format!("next record {t}/{p}@{record} (offsets {o}..{record} hold none)")
+                    format!(
+                        "next record {t}/{p}@{record} (offsets {o} to {} hold no record: transaction markers, \
+                         aborted or compacted)",
+                        record - 1
+                    )
                 },
             ),
             Translation::AfterLast {
@@ -269,9 +274,9 @@ fn read_mapping(cfg: &Config) -> Result<BTreeMap<(String, i32), (String, Partiti
                      (at {next})"
                 )));
             }
-            match consumer.poll(Duration::from_millis(500)) {
-                None => {}
-                Some(Err(KafkaError::PartitionEOF(_))) => break,
+            match consumer.poll(Duration::from_millis(200)) {
+                // Transaction markers and aborted records are no message: the position says.
+                None => next = next.max(position(&consumer, topic, 0).unwrap_or(next)),
                 Some(Err(e)) => return Err(BridgeError::kafka("read the offset mapping", e)),
                 Some(Ok(m)) => {
                     next = m.offset() + 1;
@@ -338,6 +343,20 @@ fn source_reader(cfg: &Config) -> Result<BaseConsumer> {
     .map_err(|e| BridgeError::kafka("create source reader", e))
 }
 
+/// The consumer's position in a partition: librdkafka moves it over transaction markers and
+/// aborted records as it reads them, though they are never returned.
+fn position(c: &BaseConsumer, topic: &str, partition: i32) -> Option<i64> {
+    match c
+        .position()
+        .ok()?
+        .find_partition(topic, partition)?
+        .offset()
+    {
+        Offset::Offset(o) => Some(o),
+        _ => None,
+    }
+}
+
 /// Whether the source partition holds no committed record in `from..to` (read_committed).
 fn no_records_between(c: &BaseConsumer, topic: &str, p: i32, from: i64, to: i64) -> Result<bool> {
     let (_, lso) = c
@@ -354,10 +373,10 @@ fn no_records_between(c: &BaseConsumer, topic: &str, p: i32, from: i64, to: i64)
     let end = Instant::now() + TIMEOUT;
     while Instant::now() < end {
         match c.poll(Duration::from_millis(200)) {
+            // Past `to` with no record returned: only markers or aborted records lay between.
+            None if position(c, topic, p).is_some_and(|at| at >= to) => return Ok(true),
             None => {}
             Some(Ok(m)) => return Ok(m.offset() >= to),
-            // At the end with no record: everything up to the last stable offset is none.
-            Some(Err(KafkaError::PartitionEOF(_))) => return Ok(true),
             Some(Err(e)) => return Err(BridgeError::kafka("read the source partition", e)),
         }
     }
