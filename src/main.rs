@@ -78,6 +78,11 @@ enum OffsetsCommand {
         /// has members there, or while a partition cannot be translated).
         #[arg(long)]
         apply: bool,
+        /// Failover, with the source cluster gone: the group's source offsets from this file, as
+        /// `kafka-consumer-groups --reset-offsets --to-current --export --dry-run` wrote them
+        /// (topic,partition,offset), instead of from the source cluster.
+        #[arg(long, value_name = "FILE.csv")]
+        source_offsets: Option<PathBuf>,
     },
 }
 
@@ -198,6 +203,7 @@ fn main() -> ExitCode {
                     config,
                     group,
                     apply,
+                    source_offsets,
                 },
         } => {
             let cfg = match Config::from_process_env(Some(&config)) {
@@ -210,7 +216,7 @@ fn main() -> ExitCode {
                     return ExitCode::from(2);
                 }
             };
-            match translate_offsets(&cfg, &group, apply) {
+            match translate_offsets(&cfg, &group, apply, source_offsets.as_deref()) {
                 Ok(true) => ExitCode::SUCCESS,
                 Ok(false) => ExitCode::FAILURE,
                 Err(e) => {
@@ -232,9 +238,25 @@ fn main() -> ExitCode {
 }
 
 /// Prints the translation; says whether every partition translated (and was applied).
-fn translate_offsets(cfg: &Config, group: &str, apply: bool) -> anyhow::Result<bool> {
+fn translate_offsets(
+    cfg: &Config,
+    group: &str,
+    apply: bool,
+    source_offsets: Option<&std::path::Path>,
+) -> anyhow::Result<bool> {
     use eos_bridge::offsets::translate;
-    let report = translate::translate(cfg, group)?;
+    let given = match source_offsets {
+        Some(f) => {
+            let text =
+                std::fs::read_to_string(f).with_context(|| format!("reading {}", f.display()))?;
+            Some(
+                translate::parse_offsets_csv(&text)
+                    .map_err(|e| anyhow::anyhow!("{}: {e}", f.display()))?,
+            )
+        }
+        None => None,
+    };
+    let report = translate::translate(cfg, group, given)?;
     if report.rows.is_empty() {
         println!("group '{group}' has no committed offset on the bridge's source topics");
         return Ok(false);

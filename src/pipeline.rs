@@ -1507,7 +1507,7 @@ impl<'a> Pipeline<'a> {
             t.committed(m);
         }
         if let Some(m) = &self.monitor {
-            m.committed(self.source.positions_for_monitoring(&current));
+            m.committed(self.source.positions_past_markers(&current));
         }
         if let Some((name, stop, reply)) = self.savepoint.take() {
             let sp = Savepoint::from_checkpoint(&checkpoint(CheckpointState::Committed));
@@ -1579,12 +1579,13 @@ impl<'a> Pipeline<'a> {
         };
         let writer = self.sink.settings().marker_key.clone();
         let cfg = &self.cfg;
+        let read_to = self.source.positions_past_markers(current);
         let built = tracker.build(
             &writer,
             id,
             time_ms,
             &self.committed,
-            current,
+            &read_to,
             &mut self.sink.runs(),
             |t| cfg.sink_topic_for(t),
         );

@@ -210,12 +210,14 @@ impl Source {
         self.consumer.poll(timeout)
     }
 
-    /// The positions to show lag tools for committed `positions` (offsets::monitor): a
-    /// partition's consumer position where that is ahead. Right after a commit only transaction
-    /// markers or aborted records lie between the two (librdkafka moves the position over those as
-    /// it reads them), so a caught-up transactional partition shows lag 0, not 1 forever (lag tools
-    /// count to the log end).
-    pub fn positions_for_monitoring(&self, positions: &Positions) -> Positions {
+    /// `positions` (what the epoch read, record offset + 1), each moved to the consumer's position
+    /// where that is ahead. At a barrier only transaction markers or aborted records lie between
+    /// the two (librdkafka moves the position over those as it reads them, and no record was
+    /// polled since), so both stand for the same place in the partition. Lag tools get it (a
+    /// caught-up transactional partition shows lag 0, not 1 forever: they count to the log end),
+    /// and so does the offset mapping (a group caught up to the log end translates without asking
+    /// the source cluster).
+    pub fn positions_past_markers(&self, positions: &Positions) -> Positions {
         let read = self.consumer.position().unwrap_or_default();
         positions
             .iter()

@@ -162,6 +162,10 @@ fn console_group(
 }
 
 fn translate(config: &Path, group: &str, apply: bool) -> Output {
+    translate_from(config, group, apply, None)
+}
+
+fn translate_from(config: &Path, group: &str, apply: bool, offsets: Option<&Path>) -> Output {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_eos-bridge"));
     cmd.args([
         "offsets",
@@ -174,7 +178,19 @@ fn translate(config: &Path, group: &str, apply: bool) -> Output {
     if apply {
         cmd.arg("--apply");
     }
+    if let Some(f) = offsets {
+        cmd.arg("--source-offsets").arg(f);
+    }
     cmd.env("EOS_BRIDGE_LOG", "warn").output().expect("runs")
+}
+
+/// (source partition, source offset, sink partition, sink offset) of each row translate printed.
+fn table(out: &str) -> Vec<[String; 4]> {
+    out.lines()
+        .map(|l| l.split_whitespace().collect::<Vec<_>>())
+        .filter(|w| w.len() >= 5 && w[2] == "->")
+        .map(|w| [w[0], w[1], w[3], w[4]].map(str::to_string))
+        .collect()
 }
 
 fn text(out: &Output) -> String {
@@ -305,9 +321,13 @@ fn a_translated_group_resumes_on_the_sink_with_nothing_again_and_nothing_skipped
     std::fs::write(&config, spec.toml(&home.state_dir(), 1)).unwrap();
 
     // While the bridge runs: translate, apply, and read on the sink.
+    let mut shown_g2 = String::new();
     for (group, source_read) in [(&g1, Some(&read)), (&g2, None)] {
         let out = translate(&config, group, true);
         let shown = text(&out);
+        if source_read.is_none() {
+            shown_g2 = shown.clone();
+        }
         eprintln!("$ eos-bridge offsets translate --group {group} --apply\n{shown}");
         assert!(out.status.success(), "translate {group} failed:\n{shown}");
         let resumed = console_group(dst, &sink_topic, group, false, None);
@@ -360,6 +380,25 @@ fn a_translated_group_resumes_on_the_sink_with_nothing_again_and_nothing_skipped
             );
         }
     }
+
+    // Failover: the source cluster unreachable (a closed port), G2's offsets from the file
+    // kafka-consumer-groups exports: the same translation, from the sink cluster alone.
+    let csv = home.dir.path().join("g2.csv");
+    let lines: Vec<String> = g2_offsets
+        .iter()
+        .map(|(p, o)| format!("{topic},{p},{o}"))
+        .collect();
+    std::fs::write(&csv, lines.join("\n")).unwrap();
+    let mut gone = spec.clone();
+    gone.source_bootstrap = "127.0.0.1:9".into();
+    let gone_config = home.dir.path().join("source-gone.toml");
+    std::fs::write(&gone_config, gone.toml(&home.state_dir(), 1)).unwrap();
+    let out = translate_from(&gone_config, &g2, false, Some(&csv));
+    let shown = text(&out);
+    eprintln!("$ eos-bridge offsets translate --group {g2} --source-offsets g2.csv  (source gone)\n{shown}");
+    assert!(out.status.success(), "{shown}");
+    assert_eq!(table(&shown), table(&shown_g2));
+    assert_eq!(table(&shown).len(), PARTITIONS as usize);
 
     // The bridge's monitoring group, as Kafka's tool shows it: every partition, no lag.
     let group = format!("eos-bridge.{}", spec.id);

@@ -59,6 +59,7 @@ pub struct Built {
     pub records: Vec<(String, Vec<u8>)>,
     pub runs: usize,
     sink_next: Vec<((String, i32), (i32, i64))>,
+    ends: Vec<((String, i32), i64)>,
 }
 
 /// The pipeline's side of the mapping: the sink position after the newest bridged record of each
@@ -68,6 +69,9 @@ pub struct Tracker {
     topic: String,
     max_runs: usize,
     sink_next: HashMap<(String, i32), (i32, i64)>,
+    /// The end of the newest committed map of each partition: a checkpoint that moves no
+    /// partition beyond it writes nothing.
+    ends: HashMap<(String, i32), i64>,
 }
 
 impl Tracker {
@@ -77,6 +81,7 @@ impl Tracker {
             topic: cfg.offsets.topic.clone(),
             max_runs: cfg.offsets.max_runs,
             sink_next: HashMap::new(),
+            ends: HashMap::new(),
         }
     }
 
@@ -90,8 +95,10 @@ impl Tracker {
     }
 
     /// The mapping of checkpoint `id` of `writer` (its marker key), which read every partition from
-    /// `before` to `after`, with the runs the delivery reports gave. Partitions the checkpoint did
-    /// not move are left out: the previous record still describes them.
+    /// `before` (the previous checkpoint's positions) to `after` (its own, moved over trailing
+    /// transaction markers: `Source::positions_past_markers`), with the runs the delivery reports
+    /// gave. Partitions without records whose end is unchanged are left out: the previous record
+    /// still describes them.
     #[allow(clippy::too_many_arguments)]
     pub fn build(
         &self,
@@ -105,14 +112,18 @@ impl Tracker {
     ) -> Built {
         let mut parts = Vec::new();
         let mut sink_next = Vec::new();
+        let mut ends = Vec::new();
         for (t, p, end) in after.iter() {
             let start = before.get(t, p).unwrap_or(end);
-            if end == start {
-                continue;
-            }
+            let key = (t.to_string(), p);
             let sink_topic = sink_topic_for(t);
             let runs = runs.take(t, p, &sink_topic);
-            let key = (t.to_string(), p);
+            // Nothing bridged and nothing new: a partition resting after a transaction marker has
+            // its consumer position ahead of its checkpoint position at every barrier.
+            if runs.is_empty() && (end == start || self.ends.get(&key) == Some(&end)) {
+                continue;
+            }
+            ends.push((key.clone(), end));
             let next = runs
                 .iter()
                 .max_by_key(|r| r.source_start())
@@ -151,11 +162,67 @@ impl Tracker {
             records,
             runs,
             sink_next,
+            ends,
         }
     }
 
     /// The checkpoint of `built` committed.
     pub fn committed(&mut self, built: Built) {
         self.sink_next.extend(built.sink_next);
+        self.ends.extend(built.ends);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+
+    fn tracker(max_runs: usize) -> Tracker {
+        Tracker {
+            bridge_id: "b".into(),
+            topic: "m".into(),
+            max_runs,
+            sink_next: HashMap::new(),
+            ends: HashMap::new(),
+        }
+    }
+
+    fn maps(built: &Built) -> Vec<OffsetMap> {
+        built
+            .records
+            .iter()
+            .map(|(_, v)| OffsetMap::decode(v).unwrap())
+            .collect()
+    }
+
+    #[test]
+    fn a_resting_partition_is_written_once_and_its_sink_position_carried() {
+        let mut t = tracker(2);
+        let topic: Arc<str> = "in".into();
+        let mut runs = RunCollector::default();
+        // Checkpoint 1: records 0..3 of in/0 at sink 10..13 and one at 5 (a marker at 3, 4).
+        for (s, k) in [(0, 10), (1, 11), (2, 12), (5, 14)] {
+            runs.record(&topic, 0, s, "out", 0, k);
+        }
+        let before: Positions = [("in".to_string(), 0, 0)].into_iter().collect();
+        let after: Positions = [("in".to_string(), 0, 7)].into_iter().collect();
+        let b = t.build("b/0", 1, 1, &before, &after, &mut runs, |_| "out".into());
+        assert_eq!(b.runs, 2);
+        let m = maps(&b);
+        assert_eq!(m.len(), 1);
+        assert_eq!(m[0].partitions[0].sink_next, Some((0, 15)));
+        assert_eq!((m[0].partitions[0].start, m[0].partitions[0].end), (0, 7));
+        t.committed(b);
+        // Checkpoint 2 read nothing (positions 6 → consumer at 7): nothing to write.
+        let committed: Positions = [("in".to_string(), 0, 6)].into_iter().collect();
+        let b = t.build("b/0", 2, 2, &committed, &after, &mut runs, |_| "out".into());
+        assert!(b.records.is_empty());
+        // Checkpoint 3 passed a marker only (end 8): written, with the carried sink position.
+        let after: Positions = [("in".to_string(), 0, 8)].into_iter().collect();
+        let b = t.build("b/0", 3, 3, &committed, &after, &mut runs, |_| "out".into());
+        let m = maps(&b);
+        assert_eq!(m[0].partitions[0].runs, vec![]);
+        assert_eq!(m[0].partitions[0].sink_next, Some((0, 15)));
     }
 }

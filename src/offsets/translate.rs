@@ -110,8 +110,38 @@ pub const KEY_PARTITIONING_REFUSAL: &str = "sink.partitioning = \"key\" spreads 
      --reset-offsets --to-datetime) and expect records to be processed again, or use \
      partitioning = \"preserve\"";
 
-/// Reads the mapping and translates `group`'s committed source offsets.
-pub fn translate(cfg: &Config, group: &str) -> Result<Report> {
+/// Parses group offsets in the CSV form `kafka-consumer-groups --reset-offsets --to-current
+/// --export --dry-run` prints: `topic,partition,offset` per line.
+pub fn parse_offsets_csv(text: &str) -> std::result::Result<BTreeMap<(String, i32), i64>, String> {
+    let mut out = BTreeMap::new();
+    for (i, line) in text.lines().enumerate() {
+        let line = line.trim();
+        if line.is_empty() {
+            continue;
+        }
+        let bad = || format!("line {}: {line:?} is not topic,partition,offset", i + 1);
+        let mut parts = line.rsplitn(3, ',');
+        let offset = parts
+            .next()
+            .and_then(|o| o.trim().parse().ok())
+            .ok_or_else(bad)?;
+        let partition = parts
+            .next()
+            .and_then(|p| p.trim().parse().ok())
+            .ok_or_else(bad)?;
+        let topic = parts.next().filter(|t| !t.is_empty()).ok_or_else(bad)?;
+        out.insert((topic.to_string(), partition), offset);
+    }
+    Ok(out)
+}
+
+/// Reads the mapping and translates `group`'s committed source offsets: read from the source
+/// cluster, or `given` (failover: the source is gone, and the offsets were saved before).
+pub fn translate(
+    cfg: &Config,
+    group: &str,
+    given: Option<BTreeMap<(String, i32), i64>>,
+) -> Result<Report> {
     if cfg.sink.partitioning == Partitioning::Key {
         return Err(BridgeError::Setup(format!(
             "cannot translate group '{group}': {KEY_PARTITIONING_REFUSAL}"
@@ -125,7 +155,11 @@ pub fn translate(cfg: &Config, group: &str) -> Result<Report> {
         )));
     }
     let histories = read_mapping(cfg)?;
-    let committed = group_offsets(cfg, group)?;
+    let from_source = given.is_none();
+    let committed = match given {
+        Some(g) => g,
+        None => group_offsets(cfg, group)?,
+    };
 
     // A sink partition written from several source partitions (several source topics into one
     // sink topic) cannot take one offset for all of them.
@@ -144,7 +178,11 @@ pub fn translate(cfg: &Config, group: &str) -> Result<Report> {
         }
     }
 
-    let source_check = source_reader(cfg)?;
+    let source_check = if from_source {
+        Some(source_reader(cfg)?)
+    } else {
+        None
+    };
     let mut rows = Vec::new();
     for ((t, p), o) in committed {
         let sink_topic = cfg.sink_topic_for(&t);
@@ -163,10 +201,10 @@ pub fn translate(cfg: &Config, group: &str) -> Result<Report> {
             continue;
         };
         let mut answer = h.translate(o);
-        if let Translation::NotYetBridged { bridged } = answer {
+        if let (Translation::NotYetBridged { bridged }, Some(c)) = (&answer, &source_check) {
             // Ahead only by offsets that hold no record: the same position as the bridge's.
-            if no_records_between(&source_check, &t, p, bridged, o)? {
-                answer = h.translate(bridged);
+            if no_records_between(c, &t, p, *bridged, o)? {
+                answer = h.translate(*bridged);
             }
         }
         let r = match answer {
@@ -193,11 +231,19 @@ pub fn translate(cfg: &Config, group: &str) -> Result<Report> {
                 Some((sink_partition, sink_offset)),
                 "after the last bridged record (the group has read everything bridged)".into(),
             ),
-            Translation::NotYetBridged { bridged } => row(
+            Translation::NotYetBridged { bridged } if from_source => row(
                 None,
                 format!(
                     "not yet bridged: the bridge has committed this partition up to {bridged}; wait for it \
                      (stop the producers first for a cutover)"
+                ),
+            ),
+            Translation::NotYetBridged { bridged } => row(
+                None,
+                format!(
+                    "beyond what the bridge committed ({bridged}); without the source cluster it cannot be \
+                     checked that only transaction markers lie in between, so the group read records the \
+                     sink does not have"
                 ),
             ),
             Translation::OlderThanRetained { oldest } => row(
@@ -441,4 +487,20 @@ pub fn apply(cfg: &Config, report: &Report) -> Result<usize> {
             e => BridgeError::kafka("commit the translated offsets on the sink", e),
         })?;
     Ok(tpl.count())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exported_group_offsets_parse_and_bad_lines_are_named() {
+        let got = parse_offsets_csv("orders,0,42\n\nmy,topic.x,11,7\n").unwrap();
+        assert_eq!(got[&("orders".to_string(), 0)], 42);
+        // Topic names cannot hold commas, but parsing from the right never depends on it.
+        assert_eq!(got[&("my,topic.x".to_string(), 11)], 7);
+        let err = parse_offsets_csv("orders,0,42\norders,x,1").unwrap_err();
+        assert!(err.starts_with("line 2:"), "{err}");
+        assert!(parse_offsets_csv("orders,1").is_err());
+    }
 }
