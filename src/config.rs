@@ -188,7 +188,8 @@ pub struct OffsetsConfig {
     pub topic: String,
     /// How long the mapping is kept (the topic's retention.ms when the bridge creates it).
     pub retention: Duration,
-    /// An epoch ends early once its mapping holds this many runs; also the most runs per record.
+    /// An epoch ends early once its mapping holds this many runs; also the most entries (runs,
+    /// partitions) per mapping record.
     pub max_runs: usize,
     /// The source-cluster consumer group the bridge commits its positions to after each
     /// checkpoint, for monitoring only; empty: none. Default `eos-bridge.<id>`.

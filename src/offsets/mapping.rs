@@ -180,32 +180,34 @@ impl RunCollector {
     }
 }
 
-/// Splits a checkpoint's partition maps into records of at most `max_runs` runs each (a
-/// partition with more runs than that is split into several maps with the same range).
+/// Splits a checkpoint's partition maps into records of at most `max_runs` entries each, counting
+/// a run and a partition map's own fields as one entry each (a partition with more runs than fit is
+/// split into several maps with the same range), so that neither many runs nor many partitions make
+/// a record outgrow a Kafka message.
 pub fn chunk(parts: Vec<PartitionMap>, max_runs: usize) -> Vec<Vec<PartitionMap>> {
-    let max_runs = max_runs.max(1);
+    let max = max_runs.max(2);
     let mut out: Vec<Vec<PartitionMap>> = Vec::new();
     let mut current: Vec<PartitionMap> = Vec::new();
-    let mut in_current = 0usize;
+    let mut used = 0usize;
     for mut p in parts {
         loop {
-            let room = max_runs - in_current;
+            if used + 1 >= max && !current.is_empty() {
+                out.push(std::mem::take(&mut current));
+                used = 0;
+            }
+            // At least 1: either the record is empty (used = 0, max >= 2) or there was room.
+            let room = max - used - 1;
             if p.runs.len() <= room {
-                in_current += p.runs.len();
+                used += 1 + p.runs.len();
                 current.push(p);
                 break;
             }
             let rest = p.runs.split_off(room);
             let mut head = p.clone();
-            head.runs = std::mem::take(&mut p.runs);
-            p.runs = rest;
+            head.runs = std::mem::replace(&mut p.runs, rest);
             current.push(head);
             out.push(std::mem::take(&mut current));
-            in_current = 0;
-        }
-        if in_current >= max_runs {
-            out.push(std::mem::take(&mut current));
-            in_current = 0;
+            used = 0;
         }
     }
     if !current.is_empty() {
@@ -455,7 +457,7 @@ mod tests {
         let chunks = chunk(vec![part(0, 5), part(1, 0), part(2, 7)], 4);
         assert!(chunks
             .iter()
-            .all(|c| c.iter().map(|p| p.runs.len()).sum::<usize>() <= 4));
+            .all(|c| c.iter().map(|p| 1 + p.runs.len()).sum::<usize>() <= 4));
         let mut h0 = PartitionHistory::default();
         let mut h2 = PartitionHistory::default();
         for m in chunks.iter().flatten() {
@@ -467,7 +469,11 @@ mod tests {
         }
         assert_eq!(h0.runs.len(), 5);
         assert_eq!(h2.runs.len(), 7);
-        assert_eq!(chunks.len(), 3);
+        assert_eq!(chunks.len(), 5);
+        // Many partitions without runs are split too.
+        let many: Vec<PartitionMap> = (0..10).map(|p| part(p, 0)).collect();
+        assert_eq!(chunk(many, 4).len(), 4);
+        assert_eq!(chunk(vec![part(0, 3)], 1).len(), 3);
     }
 
     #[test]

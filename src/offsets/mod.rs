@@ -198,7 +198,7 @@ mod tests {
 
     #[test]
     fn a_resting_partition_is_written_once_and_its_sink_position_carried() {
-        let mut t = tracker(2);
+        let mut t = tracker(4);
         let topic: Arc<str> = "in".into();
         let mut runs = RunCollector::default();
         // Checkpoint 1: records 0..3 of in/0 at sink 10..13 and one at 5 (a marker at 3, 4).
