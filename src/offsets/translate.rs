@@ -218,9 +218,12 @@ pub fn translate(
                     format!("record {t}/{p}@{o}")
                 } else {
                     format!(
-                        "next record {t}/{p}@{record} (offsets {o} to {} hold no record: transaction markers, \
-                         aborted or compacted)",
-                        record - 1
+                        "next record {t}/{p}@{record} ({} no record: transaction markers, aborted or compacted)",
+                        if record - 1 == o {
+                            format!("offset {o} holds")
+                        } else {
+                            format!("offsets {o} to {} hold", record - 1)
+                        }
                     )
                 },
             ),
