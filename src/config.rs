@@ -88,6 +88,7 @@ pub struct Config {
     pub transaction: TransactionConfig,
     pub api: ApiConfig,
     pub shutdown: ShutdownConfig,
+    pub offsets: OffsetsConfig,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -203,6 +204,42 @@ pub struct ApiConfig {
 pub struct ShutdownConfig {
     #[serde(with = "humantime_serde")]
     pub timeout: Duration,
+}
+
+/// `[offsets]`: the offset mapping that `eos-bridge offsets translate` reads, and the monitoring
+/// group (docs/design.md, "Offset translation").
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct OffsetsConfig {
+    /// The sink topic holding each checkpoint's mapping; `__eos_bridge_offsets.<id>` when not set
+    /// ([`Config::load`] fills it in).
+    pub topic: String,
+    /// How long the mapping is kept (the topic's retention.ms when the bridge creates it).
+    #[serde(with = "humantime_serde")]
+    pub retention: Duration,
+    /// An epoch ends early once its mapping holds this many runs; also the most entries (runs,
+    /// partitions) per mapping record.
+    #[serde(deserialize_with = "count")]
+    pub max_runs: usize,
+    /// The source-cluster consumer group the bridge commits its positions to after each
+    /// checkpoint, for monitoring only; empty: none. `eos-bridge.<id>` when not set.
+    pub monitor_group: String,
+}
+
+/// `offsets.retention` when unset: a day of checkpoints.
+pub const DEFAULT_OFFSETS_RETENTION: Duration = Duration::from_secs(24 * 3600);
+/// `offsets.max_runs` when unset: about 100 KB of mapping per record.
+pub const DEFAULT_OFFSETS_MAX_RUNS: usize = 4096;
+
+impl Default for OffsetsConfig {
+    fn default() -> Self {
+        OffsetsConfig {
+            topic: String::new(),
+            retention: DEFAULT_OFFSETS_RETENTION,
+            max_runs: DEFAULT_OFFSETS_MAX_RUNS,
+            monitor_group: String::new(),
+        }
+    }
 }
 
 impl Default for BridgeConfig {
@@ -490,6 +527,16 @@ impl Config {
         }
         if !written("marker_topic") {
             config.sink.marker_topic = default_marker_topic(&config.bridge.id);
+        }
+        let offsets = tree
+            .get("offsets")
+            .and_then(|s| s.clone().into_table().ok());
+        let written = |key: &str| offsets.as_ref().is_some_and(|s| s.contains_key(key));
+        if !written("topic") {
+            config.offsets.topic = format!("__eos_bridge_offsets.{}", config.bridge.id);
+        }
+        if !written("monitor_group") {
+            config.offsets.monitor_group = format!("eos-bridge.{}", config.bridge.id);
         }
         report
             .errors
@@ -1296,6 +1343,16 @@ const RULES: &[(&[&str], Rule)] = &[
         );
         vec![ConfigError::new(missing, message)]
     }),
+    (&["offsets.max_runs"], |c| {
+        when(c.offsets.max_runs == 0, "offsets.max_runs", || {
+            "0 leaves no room for a run: use a whole number of 1 or more, such as 4096".into()
+        })
+    }),
+    (&["offsets.retention"], |c| {
+        when(c.offsets.retention.is_zero(), "offsets.retention", || {
+            r#""0s" keeps no mapping: use e.g. "24h""#.into()
+        })
+    }),
     (&["shutdown.timeout"], |c| {
         when(c.shutdown.timeout.is_zero(), "shutdown.timeout", || {
             r#""0s" leaves no time to finish the last checkpoint: use e.g. "30s""#.into()
@@ -2043,6 +2100,12 @@ mod tests {
             },
             shutdown: ShutdownConfig {
                 timeout: Duration::from_secs(45),
+            },
+            offsets: OffsetsConfig {
+                topic: "__eos_bridge_offsets.orders.mirror_2".into(),
+                retention: DEFAULT_OFFSETS_RETENTION,
+                max_runs: DEFAULT_OFFSETS_MAX_RUNS,
+                monitor_group: "eos-bridge.orders.mirror_2".into(),
             },
         };
         assert_eq!(config, expected);
@@ -3164,6 +3227,7 @@ mod tests {
                 "api",
                 "bridge",
                 "checkpoint",
+                "offsets",
                 "shutdown",
                 "sink",
                 "source",
@@ -3184,7 +3248,7 @@ mod tests {
         let found = errors(BASE, &[("EOS_BRIDGE__LOGGING__LEVEL", "debug")]);
         assert_eq!(
             found[0].to_string(),
-            "logging: unknown key (set by EOS_BRIDGE__LOGGING__LEVEL): the top level accepts bridge, source, sink, checkpoint, transaction, api, shutdown; check the spelling"
+            "logging: unknown key (set by EOS_BRIDGE__LOGGING__LEVEL): the top level accepts bridge, source, sink, checkpoint, transaction, api, shutdown, offsets; check the spelling"
         );
     }
 

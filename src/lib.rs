@@ -16,6 +16,7 @@ pub mod identity;
 pub mod marker;
 pub mod metrics;
 pub mod mirror;
+pub mod offsets;
 pub mod pipeline;
 pub mod positions;
 pub mod recovery;

@@ -57,6 +57,33 @@ enum Command {
         #[command(subcommand)]
         command: CheckpointsCommand,
     },
+    /// Consumer-group offsets: move a group from the source cluster to the sink cluster.
+    Offsets {
+        #[command(subcommand)]
+        command: OffsetsCommand,
+    },
+}
+
+#[derive(Subcommand)]
+enum OffsetsCommand {
+    /// Print the sink offsets at which GROUP resumes exactly after what it committed on the source
+    /// (from the bridge's offset mapping); with --apply, commit them for GROUP on the sink. Exit 0
+    /// when every partition translated (and, with --apply, was committed), 1 otherwise.
+    Translate {
+        #[arg(long, short)]
+        config: PathBuf,
+        #[arg(long)]
+        group: String,
+        /// Commit the translated offsets for the group on the sink cluster (refused while the group
+        /// has members there, or while a partition cannot be translated).
+        #[arg(long)]
+        apply: bool,
+        /// Failover, with the source cluster gone: the group's source offsets from this file, as
+        /// `kafka-consumer-groups --reset-offsets --to-current --export --dry-run` wrote them
+        /// (topic,partition,offset), instead of from the source cluster.
+        #[arg(long, value_name = "FILE.csv")]
+        source_offsets: Option<PathBuf>,
+    },
 }
 
 #[derive(Subcommand)]
@@ -170,6 +197,34 @@ fn main() -> ExitCode {
                 ExitCode::FAILURE
             }
         },
+        Command::Offsets {
+            command:
+                OffsetsCommand::Translate {
+                    config,
+                    group,
+                    apply,
+                    source_offsets,
+                },
+        } => {
+            let cfg = match Config::from_process_env(Some(&config)) {
+                Ok(c) => c,
+                Err(errors) => {
+                    eprintln!(
+                        "eos-bridge: invalid configuration ({}):\n{errors}",
+                        config.display()
+                    );
+                    return ExitCode::from(2);
+                }
+            };
+            match translate_offsets(&cfg, &group, apply, source_offsets.as_deref()) {
+                Ok(true) => ExitCode::SUCCESS,
+                Ok(false) => ExitCode::FAILURE,
+                Err(e) => {
+                    eprintln!("eos-bridge: {e:#}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
         Command::Checkpoints {
             command: CheckpointsCommand::List { state_dir },
         } => match list_checkpoints(&state_dir) {
@@ -180,6 +235,41 @@ fn main() -> ExitCode {
             }
         },
     }
+}
+
+/// Prints the translation; says whether every partition translated (and was applied).
+fn translate_offsets(
+    cfg: &Config,
+    group: &str,
+    apply: bool,
+    source_offsets: Option<&std::path::Path>,
+) -> anyhow::Result<bool> {
+    use eos_bridge::offsets::translate;
+    let given = match source_offsets {
+        Some(f) => {
+            let text =
+                std::fs::read_to_string(f).with_context(|| format!("reading {}", f.display()))?;
+            Some(
+                translate::parse_offsets_csv(&text)
+                    .map_err(|e| anyhow::anyhow!("{}: {e}", f.display()))?,
+            )
+        }
+        None => None,
+    };
+    let report = translate::translate(cfg, group, given)?;
+    if report.rows.is_empty() {
+        println!("group '{group}' has no committed offset on the bridge's source topics");
+        return Ok(false);
+    }
+    print!("{}", report.render());
+    let all = report.untranslated().next().is_none();
+    if apply {
+        let n = translate::apply(cfg, &report)?;
+        println!(
+            "applied: committed {n} partition offset(s) for group '{group}' on the sink cluster"
+        );
+    }
+    Ok(all)
 }
 
 fn list_checkpoints(dir: &std::path::Path) -> anyhow::Result<()> {

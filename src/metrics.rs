@@ -30,6 +30,8 @@ pub struct Metrics {
     pub in_flight_limit_bytes: IntGauge,
     pub epochs_ended: IntCounterVec,
     pub identity_changes: IntCounterVec,
+    pub monitor_commits: IntCounterVec,
+    pub offset_mapping_runs: IntCounter,
     pub build_info: IntGaugeVec,
 }
 
@@ -175,6 +177,19 @@ impl Metrics {
                 "Current bound on output bytes handed to the sink producer and not yet acknowledged.",
             ))
             .unwrap(),
+            monitor_commits: IntCounterVec::new(
+                opts(
+                    "monitor_group_commits_total",
+                    "Commits of the bridge's positions to its monitoring group on the source cluster, by result (ok, failed).",
+                ),
+                &["result"],
+            )
+            .unwrap(),
+            offset_mapping_runs: IntCounter::with_opts(opts(
+                "offset_mapping_runs_total",
+                "Runs written to the offset mapping topic in committed checkpoints.",
+            ))
+            .unwrap(),
             epochs_ended: IntCounterVec::new(
                 opts(
                     "epochs_ended_total",
@@ -250,6 +265,8 @@ impl Metrics {
             Box::new(self.in_flight_limit_bytes.clone()),
             Box::new(self.epochs_ended.clone()),
             Box::new(self.identity_changes.clone()),
+            Box::new(self.monitor_commits.clone()),
+            Box::new(self.offset_mapping_runs.clone()),
             Box::new(self.build_info.clone()),
             Box::new(prometheus::process_collector::ProcessCollector::for_self()),
         ];

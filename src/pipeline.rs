@@ -32,6 +32,7 @@ use crate::marker::{
     layout_marker_key, layout_transactional_id, marker_partition, Layout, Marker, MARKER_VERSION,
 };
 use crate::metrics::Metrics;
+use crate::offsets;
 use crate::positions::Positions;
 use crate::recovery::{decide, plan_layout, Decision, LayoutPlan, RecoveryOutcome};
 use crate::savepoint::{Restore, Savepoint, RESTORED_PREFIX};
@@ -353,6 +354,10 @@ struct Pipeline<'a> {
     intent_committed: bool,
     /// Transactional ids of lower layouts this process has fenced.
     fenced: BTreeSet<String>,
+    /// The offset mapping written with each checkpoint (exactly-once under `preserve` only).
+    offsets: Option<offsets::Tracker>,
+    /// Commits the positions to the monitoring group after each checkpoint.
+    monitor: Option<offsets::monitor::Monitor>,
 }
 
 impl<'a> Pipeline<'a> {
@@ -406,6 +411,8 @@ impl<'a> Pipeline<'a> {
 
         let store = shared.store.clone();
         let source = Source::new(&cfg)?;
+        let monitor =
+            offsets::monitor::Monitor::start(&cfg, shared.metrics.monitor_commits.clone())?;
         let router = Router::new(&cfg.sink.topic, cfg.sink.partitioning);
 
         let marker_partitions = if exactly_once {
@@ -474,11 +481,24 @@ impl<'a> Pipeline<'a> {
             });
             layout = Some(l);
         }
-        let Some(sink) = wait_out(shared, "initialise the sink producer", transient, || {
+        let Some(mut sink) = wait_out(shared, "initialise the sink producer", transient, || {
             Sink::connect(settings.clone(), CONNECT_DEADLINE)
         })?
         else {
             return Ok(None);
+        };
+        let tracker = if offsets::kept(&cfg) {
+            if wait_out(shared, "ensure the offset mapping topic", transient, || {
+                shared.runtime.block_on(offsets::ensure_topic(&admin, &cfg))
+            })?
+            .is_none()
+            {
+                return Ok(None);
+            }
+            sink.collect_runs(true);
+            Some(offsets::Tracker::new(&cfg))
+        } else {
+            None
         };
         status::update(&shared.status, |s| s.transactions_ready = true);
 
@@ -514,6 +534,8 @@ impl<'a> Pipeline<'a> {
             marker_partitions,
             intent_committed: false,
             fenced: BTreeSet::new(),
+            offsets: tracker,
+            monitor,
         };
         p.publish_in_flight_limit();
         // A listed topic that is missing may be one a restarting broker does not know yet: wait a
@@ -1264,6 +1286,14 @@ impl<'a> Pipeline<'a> {
                 trigger = "size";
                 break;
             }
+            if self
+                .offsets
+                .as_ref()
+                .is_some_and(|o| o.full(self.sink.runs().runs()))
+            {
+                trigger = "offsets";
+                break;
+            }
             // Waited out before a record is read, not after: a record read is in the epoch's
             // positions and must be sent in it. A record may overshoot the limit by its size.
             if !at_most_once
@@ -1358,6 +1388,7 @@ impl<'a> Pipeline<'a> {
         let deadline = barrier + cfg.checkpoint.timeout;
         // One time for the checkpoint and its savepoint reply.
         let barrier_ms = now_ms();
+        let mut mapping = None;
         let checkpoint = |state| Checkpoint {
             id,
             bridge_id: cfg.bridge.id.clone(),
@@ -1385,6 +1416,7 @@ impl<'a> Pipeline<'a> {
                 failpoint::hit("after-marker");
                 self.flush_until(id, deadline)?;
                 failpoint::hit("after-flush");
+                mapping = self.send_offset_mapping(id, barrier_ms, &current)?;
                 self.store
                     .write_pending(&checkpoint(CheckpointState::Pending))?;
                 self.pending = Some(id);
@@ -1453,6 +1485,16 @@ impl<'a> Pipeline<'a> {
         }
 
         // Committed.
+        if let (Some(t), Some(m)) = (self.offsets.as_mut(), mapping) {
+            self.shared
+                .metrics
+                .offset_mapping_runs
+                .inc_by(m.runs as u64);
+            t.committed(m);
+        }
+        if let Some(m) = &self.monitor {
+            m.committed(self.source.positions_past_markers(&current));
+        }
         if let Some((name, stop, reply)) = self.savepoint.take() {
             let sp = Savepoint::from_checkpoint(&checkpoint(CheckpointState::Committed));
             info!(savepoint = %name, checkpoint = id, stop, "savepoint taken");
@@ -1508,6 +1550,36 @@ impl<'a> Pipeline<'a> {
             s.heartbeat = Instant::now();
         });
         Ok(())
+    }
+
+    /// Sends checkpoint `id`'s offset mapping into its transaction (after the flush, so that every
+    /// delivery report, with its sink offset, is in). Returns what its commit carries forward.
+    fn send_offset_mapping(
+        &mut self,
+        id: u64,
+        time_ms: i64,
+        current: &Positions,
+    ) -> Result<Option<offsets::Built>> {
+        let Some(tracker) = self.offsets.as_ref() else {
+            return Ok(None);
+        };
+        let writer = self.sink.settings().marker_key.clone();
+        let cfg = &self.cfg;
+        let read_to = self.source.positions_past_markers(current);
+        let built = tracker.build(
+            &writer,
+            id,
+            time_ms,
+            &self.committed,
+            &read_to,
+            &mut self.sink.runs(),
+            |t| cfg.sink_topic_for(t),
+        );
+        let topic = tracker.topic().to_string();
+        for (key, value) in &built.records {
+            self.sink.send_mapping(&topic, key, value)?;
+        }
+        Ok(Some(built))
     }
 
     fn flush_until(&mut self, id: u64, deadline: Instant) -> Result<()> {

@@ -28,6 +28,7 @@ use tracing::{info, warn};
 
 use crate::error::{classify_kafka, is_auth, is_fencing, Action, BridgeError, Result};
 use crate::marker::{parse_marker_key, FoundMarker, Layout, Marker};
+use crate::offsets::mapping::RunCollector;
 
 /// Where an output record came from; carried through librdkafka so that a failed delivery names
 /// its source record. The commit marker carries the marker topic's partition and offset -1.
@@ -123,6 +124,9 @@ pub struct SinkContext {
     /// waiter's check, so that none is lost.
     report_lock: Mutex<()>,
     report: Condvar,
+    /// Where each source record landed, as runs, for the offset mapping (when it is kept).
+    collect_runs: AtomicBool,
+    runs: Mutex<RunCollector>,
 }
 
 impl SinkContext {
@@ -215,13 +219,25 @@ impl ProducerContext for SinkContext {
             Ok(msg) | Err((_, msg)) => msg,
         };
         let bytes = msg.key().map_or(0, <[u8]>::len) + msg.payload_len();
-        if let Err((e, msg)) = result {
-            self.record_failure(DeliveryFailure {
+        match result {
+            Err((e, msg)) => self.record_failure(DeliveryFailure {
                 source: *source,
                 code: e.rdkafka_error_code(),
                 reason: e.to_string(),
                 payload_len: msg.payload_len(),
-            });
+            }),
+            // The marker and the mapping records carry offset -1: they are no source record.
+            Ok(msg) if source.offset >= 0 && self.collect_runs.load(Ordering::Acquire) => {
+                self.runs.lock().unwrap_or_else(|p| p.into_inner()).record(
+                    &source.topic,
+                    source.partition,
+                    source.offset,
+                    msg.topic(),
+                    msg.partition(),
+                    msg.offset(),
+                )
+            }
+            Ok(_) => {}
         }
         // After the failure is recorded: a woken waiter must see it.
         self.reported(bytes as u64);
@@ -330,6 +346,8 @@ pub struct Sink {
     state: TxnState,
     /// The largest batch.size every sink topic written so far takes (see `cap_batch_size`).
     batch_cap: Option<usize>,
+    /// Whether delivery reports feed the offset mapping (see `collect_runs`).
+    collecting: bool,
 }
 
 /// Our batch.size when [sink.kafka] does not set one.
@@ -392,6 +410,7 @@ impl Sink {
             producer,
             state: TxnState::Ready,
             batch_cap: None,
+            collecting: false,
         };
         sink.init_transactions(deadline)?;
         Ok(sink)
@@ -443,6 +462,8 @@ impl Sink {
         let fresh = build_producer(&self.settings, self.batch_cap)?;
         // Dropping the old producer purges whatever it still had in flight.
         self.producer = fresh;
+        let collecting = self.collecting;
+        self.collect_runs(collecting);
         self.state = TxnState::Ready;
         self.init_transactions(deadline)
     }
@@ -545,8 +566,9 @@ impl Sink {
 
     pub fn begin(&mut self) -> Result<()> {
         debug_assert_eq!(self.state, TxnState::Ready, "begin with a transaction open");
-        // A failure from an earlier transaction must not leak into this one.
+        // A failure from an earlier transaction must not leak into this one, nor its runs.
         self.producer.context().take_failure();
+        self.runs().clear();
         if self.is_transactional() {
             self.producer
                 .begin_transaction()
@@ -710,6 +732,44 @@ impl Sink {
                 ctx.in_flight_bytes() < limit || ctx.has_failed()
             });
         }
+    }
+
+    /// Whether delivery reports feed the offset mapping's runs (kept across producer rebuilds).
+    pub fn collect_runs(&mut self, on: bool) {
+        self.collecting = on;
+        self.producer
+            .context()
+            .collect_runs
+            .store(on, Ordering::Release);
+    }
+
+    /// The runs collected from the delivery reports of the open transaction.
+    pub fn runs(&self) -> std::sync::MutexGuard<'_, RunCollector> {
+        self.producer
+            .context()
+            .runs
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Queues one record of the offset mapping into the open transaction, after the flush: it
+    /// commits or aborts with the checkpoint's output and marker. commit_transaction flushes it.
+    pub fn send_mapping(&mut self, topic: &str, key: &str, payload: &[u8]) -> Result<()> {
+        let me = Box::new(SourceRef {
+            topic: topic.into(),
+            partition: 0,
+            offset: -1,
+        });
+        let record: BaseRecord<'_, str, [u8], Box<SourceRef>> =
+            BaseRecord::with_opaque_to(topic, me)
+                .partition(0)
+                .key(key)
+                .payload(payload);
+        self.enqueue(record).map_err(|(e, _)| {
+            self.earlier_failure(&e)
+                .or_else(|| self.delivery_failure())
+                .unwrap_or_else(|| self.fenced_or(e, "produce offset mapping"))
+        })
     }
 
     /// Queues the commit marker M(N) into the open transaction.

@@ -133,7 +133,8 @@ impl Source {
             cc.set(k, v);
         }
         cc.set("bootstrap.servers", &cfg.source.bootstrap_servers)
-            // Used only for the optional monitoring commit; positions live in our checkpoints.
+            // Never committed to by this consumer: positions live in our checkpoints, and the
+            // monitoring group (by default this same id) has a client of its own, offsets::monitor.
             .set("group.id", format!("eos-bridge.{}", cfg.bridge.id))
             .set("enable.auto.commit", "false")
             .set("enable.auto.offset.store", "false")
@@ -265,16 +266,25 @@ impl Source {
         self.consumer.poll(timeout)
     }
 
-    /// Commits positions to the source consumer group for monitoring only (lag tools); never read.
-    pub fn commit_for_monitoring(&self, positions: &Positions) -> Result<()> {
-        let mut tpl = TopicPartitionList::new();
-        for (t, p, o) in positions.iter() {
-            tpl.add_partition_offset(t, p, Offset::Offset(o))
-                .map_err(|e| BridgeError::kafka("commit offsets", e))?;
-        }
-        self.consumer
-            .commit(&tpl, rdkafka::consumer::CommitMode::Async)
-            .map_err(|e| BridgeError::kafka("commit offsets", e))
+    /// `positions` (what the epoch read, record offset + 1), each moved to the consumer's position
+    /// where that is ahead. At a barrier only transaction markers or aborted records lie between
+    /// the two (librdkafka moves the position over those as it reads them, and no record was
+    /// polled since), so both stand for the same place in the partition. Lag tools get it (a
+    /// caught-up transactional partition shows lag 0, not 1 forever: they count to the log end),
+    /// and so does the offset mapping (a group caught up to the log end translates without asking
+    /// the source cluster).
+    pub fn positions_past_markers(&self, positions: &Positions) -> Positions {
+        let read = self.consumer.position().unwrap_or_default();
+        positions
+            .iter()
+            .map(|(t, p, o)| {
+                let at = match read.find_partition(t, p).map(|e| e.offset()) {
+                    Some(Offset::Offset(r)) if r > o => r,
+                    _ => o,
+                };
+                (t.to_string(), p, at)
+            })
+            .collect()
     }
 }
 

@@ -1,0 +1,103 @@
+//! The bridge's progress for standard tooling: after each committed checkpoint its source
+//! positions are committed to a consumer group of its own on the source cluster
+//! (`offsets.monitor_group`), so that kafka-consumer-groups and lag exporters show its lag.
+//! Monitoring only: the bridge never reads these offsets back (its positions live in its
+//! checkpoints and commit markers).
+//!
+//! A thread of its own commits synchronously (librdkafka reports an asynchronous commit's result
+//! only to an offset_commit_cb, which rdkafka does not set), so the pipeline never waits on it; a
+//! commit still running when the next checkpoint completes is simply superseded.
+
+use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TrySendError};
+use std::time::Duration;
+
+use prometheus::IntCounterVec;
+use rdkafka::config::ClientConfig;
+use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
+use rdkafka::{Offset, TopicPartitionList};
+use tracing::{info, warn};
+
+use crate::config::Config;
+use crate::error::{BridgeError, Result};
+use crate::positions::Positions;
+use crate::sink::is_client_wide;
+
+pub struct Monitor {
+    to_thread: SyncSender<Positions>,
+}
+
+impl Monitor {
+    /// None when `offsets.monitor_group` is empty.
+    pub fn start(cfg: &Config, commits: IntCounterVec) -> Result<Option<Monitor>> {
+        let group = cfg.offsets.monitor_group.clone();
+        if group.is_empty() {
+            return Ok(None);
+        }
+        let mut cc = ClientConfig::new();
+        for (k, v) in cfg.source.kafka.iter() {
+            if is_client_wide(k) {
+                cc.set(k, v);
+            }
+        }
+        let consumer: BaseConsumer = cc
+            .set("bootstrap.servers", &cfg.source.bootstrap_servers)
+            .set("group.id", &group)
+            .set("enable.auto.commit", "false")
+            .create()
+            .map_err(|e| BridgeError::kafka("create the monitoring group client", e))?;
+        let (to_thread, from_pipeline) = sync_channel(1);
+        std::thread::Builder::new()
+            .name("monitor-group".into())
+            .spawn(move || commit_loop(consumer, &group, from_pipeline, commits))
+            .map_err(|e| BridgeError::Setup(format!("cannot start the monitoring thread: {e}")))?;
+        Ok(Some(Monitor { to_thread }))
+    }
+
+    /// Hands a committed checkpoint's positions to the thread; dropped if it is still busy.
+    pub fn committed(&self, positions: Positions) {
+        match self.to_thread.try_send(positions) {
+            Ok(()) | Err(TrySendError::Full(_)) => {}
+            Err(TrySendError::Disconnected(_)) => {}
+        }
+    }
+}
+
+fn commit_loop(
+    consumer: BaseConsumer,
+    group: &str,
+    positions: Receiver<Positions>,
+    commits: IntCounterVec,
+) {
+    let mut failing = false;
+    // Ends when the pipeline drops its Monitor.
+    while let Ok(p) = positions.recv() {
+        let mut tpl = TopicPartitionList::new();
+        for (t, partition, o) in p.iter() {
+            let _ = tpl.add_partition_offset(t, partition, Offset::Offset(o));
+        }
+        let result = consumer.commit(&tpl, CommitMode::Sync);
+        // Commit sync waits for the broker's answer within librdkafka's own timeouts; a poll
+        // serves the client's other events.
+        let _ = consumer.poll(Duration::ZERO);
+        match result {
+            Ok(()) => {
+                commits.with_label_values(&["ok"]).inc();
+                if failing {
+                    info!(
+                        group,
+                        "monitoring commits to the source cluster succeed again"
+                    );
+                    failing = false;
+                }
+            }
+            Err(e) => {
+                commits.with_label_values(&["failed"]).inc();
+                // One line per change, not per checkpoint.
+                if !failing {
+                    warn!(group, error = %e, "monitoring commit to the source cluster failed; lag tools show stale offsets until it succeeds");
+                    failing = true;
+                }
+            }
+        }
+    }
+}
