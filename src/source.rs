@@ -62,13 +62,14 @@ enum Selector {
 struct Selection {
     selector: Selector,
     exclude: Option<Regex>,
-    /// Topics the bridge writes on the source cluster: its marker topic, and the sink and
+    /// Topics the bridge writes on the source cluster: its marker and offset-mapping topics, the sink and
     /// dead-letter topic templates (rendered per topic seen). Empty across clusters.
     own: Option<OwnOutput>,
 }
 
 struct OwnOutput {
     marker_topic: String,
+    offsets_topic: String,
     sink_template: String,
     dead_letter_template: Option<String>,
 }
@@ -90,6 +91,7 @@ impl Selection {
             crate::config::same_cluster(&cfg.source.bootstrap_servers, &cfg.sink.bootstrap_servers)
                 .then(|| OwnOutput {
                     marker_topic: cfg.sink.marker_topic.clone(),
+                    offsets_topic: cfg.offsets.topic.clone(),
                     sink_template: cfg.sink.topic.clone(),
                     dead_letter_template: (cfg.sink.on_bad_record == OnBadRecord::DeadLetter)
                         .then(|| cfg.sink.dead_letter_topic.clone()),
@@ -108,6 +110,7 @@ impl Selection {
         };
         let render = |template: &str, t: &str| template.replace(SOURCE_TOPIC_PLACEHOLDER, t);
         name == own.marker_topic
+            || name == own.offsets_topic
             || seen.iter().any(|t| {
                 t.name != name
                     && (render(&own.sink_template, &t.name) == name
@@ -455,6 +458,7 @@ mod tests {
             exclude: Some(Regex::new("^(?:orders\\.tmp.*)$").unwrap()),
             own: Some(OwnOutput {
                 marker_topic: "orders.markers".into(),
+                offsets_topic: "orders.offsets".into(),
                 sink_template: "{source_topic}-copy".into(),
                 dead_letter_template: Some("{source_topic}-dlq".into()),
             }),
@@ -464,6 +468,7 @@ mod tests {
             md("orders.eu-copy", None, 2),
             md("orders.eu-dlq", None, 2),
             md("orders.markers", None, 1),
+            md("orders.offsets", None, 1),
             md("orders.tmp1", None, 1),
         ];
         let found = select_topics(&selection, &seen).unwrap();
