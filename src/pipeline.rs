@@ -24,7 +24,7 @@ use tracing::{error, info, warn};
 
 use crate::admin::Admin;
 use crate::checkpoint::{Checkpoint, CheckpointState, CheckpointStore};
-use crate::config::{Config, Delivery, OnBadRecord, OutOfRange, Partitioning, StartPosition};
+use crate::config::{Config, OnBadRecord, OutOfRange, Partitioning, StartPosition};
 use crate::error::{Action, BadRecordStop, BridgeError, Result};
 use crate::failpoint;
 use crate::identity::{self, Identity};
@@ -44,6 +44,9 @@ use crate::status::{self, PartitionStatus, RunState, SharedStatus};
 use crate::transform::Router;
 
 mod identity_checks;
+mod protocol;
+
+use protocol::{EpochSink, Progress, Protocol};
 
 /// How often the source is asked for new partitions and (with a pattern) new topics.
 const DISCOVERY_INTERVAL: Duration = Duration::from_secs(10);
@@ -306,7 +309,79 @@ pub fn run(
     result
 }
 
+/// What an epoch read until its barrier.
+struct EpochRead {
+    /// P(N): the next offset to read per source partition.
+    positions: Positions,
+    /// Records held until their checkpoint is written (at-most-once).
+    held: Vec<OwnedMessage>,
+    /// What ended the epoch, for `epochs_ended`.
+    trigger: &'static str,
+    stats: EpochStats,
+}
+
+/// What an epoch counts, published once its checkpoint committed.
+#[derive(Default)]
+struct EpochStats {
+    consumed: HashMap<Arc<str>, u64>,
+    produced: HashMap<Arc<str>, u64>,
+    dead_lettered: Vec<SourceRef>,
+    /// Record timestamps sampled for the end-to-end latency.
+    samples: Vec<i64>,
+}
+
+/// The pipeline's side of the protocol's sink: the transactional producer, with the in-flight
+/// limit and the routing of held records.
+struct EpochOutput<'p, 'a> {
+    p: &'p mut Pipeline<'a>,
+    id: u64,
+    held: Vec<OwnedMessage>,
+}
+
+impl EpochSink for EpochOutput<'_, '_> {
+    fn send_marker(&mut self, marker: &Marker) -> Result<()> {
+        self.p.sink.send_marker(marker)
+    }
+
+    fn flush(&mut self, deadline: Instant) -> Result<()> {
+        self.p.flush_until(self.id, deadline)
+    }
+
+    fn commit(&mut self, deadline: Instant) -> Result<()> {
+        let sink = &mut self.p.sink;
+        sink.commit(deadline).map_err(|e| sink.classify(e))
+    }
+
+    fn write_held(&mut self, deadline: Instant) -> Result<()> {
+        let p = &mut *self.p;
+        for m in self.held.drain(..) {
+            let (sink_topic, partition) = p.router.route(m.topic(), m.partition(), m.key());
+            let src = SourceRef {
+                topic: p.topic_name(m.topic()),
+                partition: m.partition(),
+                offset: m.offset(),
+            };
+            let headers = m.headers().cloned();
+            // Past the deadline the flush times out; sending on is still the best chance of
+            // delivering what was checkpointed.
+            p.sink.wait_in_flight_below(p.in_flight.bytes(), deadline);
+            p.sink.send(
+                &sink_topic,
+                partition,
+                m.key(),
+                m.payload(),
+                headers,
+                m.timestamp().to_millis(),
+                src,
+            )?;
+        }
+        Ok(())
+    }
+}
+
 struct Pipeline<'a> {
+    /// What the delivery mode does at the barrier, at commit and at recovery.
+    protocol: Protocol,
     cfg: Arc<Config>,
     shared: &'a Shared,
     admin: Admin,
@@ -353,10 +428,6 @@ struct Pipeline<'a> {
 }
 
 impl<'a> Pipeline<'a> {
-    fn exactly_once(&self) -> bool {
-        self.cfg.bridge.delivery == Delivery::ExactlyOnce
-    }
-
     /// Connects, discovers and recovers, waiting out clusters that are down (None: shutdown was
     /// requested meanwhile).
     fn start(
@@ -372,7 +443,8 @@ impl<'a> Pipeline<'a> {
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect();
         let admin = Admin::new(&cfg.sink.bootstrap_servers, &sink_kafka)?;
-        let exactly_once = cfg.bridge.delivery == Delivery::ExactlyOnce;
+        let protocol = Protocol::from(cfg.bridge.delivery);
+        let exactly_once = protocol.recovers_from_markers();
 
         let transient = |e: &BridgeError| e.is_transient();
 
@@ -474,6 +546,7 @@ impl<'a> Pipeline<'a> {
         let cfg_in_flight_cap = cfg.sink.max_in_flight_bytes;
         let cfg_checkpoint_timeout = cfg.checkpoint.timeout;
         let mut p = Pipeline {
+            protocol,
             cfg,
             shared,
             admin,
@@ -597,7 +670,7 @@ impl<'a> Pipeline<'a> {
             self.store.remove_key(&c.key)?;
         }
         let mut marker = None;
-        if self.exactly_once() {
+        if self.protocol.recovers_from_markers() {
             match self.settle_layout()? {
                 LayoutPlan::Resume { own, .. } => marker = own,
                 // No lower layout to take over from: a late instance of the first layout, which
@@ -1231,6 +1304,8 @@ impl<'a> Pipeline<'a> {
         }
     }
 
+    /// One epoch: read until the barrier, complete the checkpoint as the delivery mode says,
+    /// publish what it committed.
     fn epoch(&mut self) -> Result<()> {
         let id = self.last_id + 1;
         let cfg = self.cfg.clone();
@@ -1252,35 +1327,66 @@ impl<'a> Pipeline<'a> {
         let savepoint_name = self.savepoint.as_ref().map(|(n, _, _)| n.clone());
 
         self.sink.begin()?;
-        let mut current = self.committed.clone();
-        let mut consumed: HashMap<Arc<str>, u64> = HashMap::new();
-        let mut produced: HashMap<Arc<str>, u64> = HashMap::new();
-        let mut dead_lettered: Vec<SourceRef> = Vec::new();
-        let mut samples: Vec<i64> = Vec::new();
+        let read = self.read_until_barrier(barrier_at)?;
+
+        // Barrier: P(N) = the positions read.
+        let barrier = Instant::now();
+        self.last_barrier = barrier;
+        self.shared
+            .metrics
+            .epochs_ended
+            .with_label_values(&[read.trigger])
+            .inc();
+        self.verify_epoch(&read.stats.consumed, &read.stats.produced)?;
+        let checkpoint = Checkpoint {
+            id,
+            bridge_id: cfg.bridge.id.clone(),
+            instance: cfg.bridge.instance,
+            instances: cfg.bridge.instances,
+            state: CheckpointState::Committed,
+            positions: read.positions.clone(),
+            // One time for the checkpoint, its marker and its savepoint reply.
+            created_ms: now_ms(),
+            savepoint: savepoint_name,
+            identity: Some(self.identity.clone()),
+        };
+        self.complete(&checkpoint, read.held, barrier + cfg.checkpoint.timeout)?;
+        self.publish(checkpoint, read.stats, barrier);
+        Ok(())
+    }
+
+    /// Polls and produces (at-most-once: holds) until the barrier: the interval, the size limit
+    /// or shutdown.
+    fn read_until_barrier(&mut self, barrier_at: Instant) -> Result<EpochRead> {
+        let cfg = self.cfg.clone();
+        let mut read = EpochRead {
+            positions: self.committed.clone(),
+            held: Vec::new(),
+            trigger: "interval",
+            stats: EpochStats::default(),
+        };
+        let stats = &mut read.stats;
         let mut count: u64 = 0;
-        // at-most-once checkpoints positions before producing, so it holds the epoch's records.
-        let mut held: Vec<OwnedMessage> = Vec::new();
-        let at_most_once = cfg.bridge.delivery == Delivery::AtMostOnce;
+        let holds = self.protocol.holds_records();
         // Output bytes of this epoch, against checkpoint.max_bytes.
         let mut epoch_bytes: u64 = 0;
-        let mut trigger = "interval";
 
         loop {
             let now = Instant::now();
             if self.shutdown_requested() {
-                trigger = "shutdown";
+                read.trigger = "shutdown";
                 break;
             }
             if now >= barrier_at {
                 break;
             }
             if epoch_bytes >= cfg.checkpoint.max_bytes {
-                trigger = "size";
+                read.trigger = "size";
                 break;
             }
             // Waited out before a record is read, not after: a record read is in the epoch's
             // positions and must be sent in it. A record may overshoot the limit by its size.
-            if !at_most_once
+            if !holds
                 && !self
                     .sink
                     .wait_in_flight_below(self.in_flight.bytes(), barrier_at)
@@ -1309,12 +1415,13 @@ impl<'a> Pipeline<'a> {
                 Some(Ok(m)) => m,
             };
             let src_topic = interned(&mut self.topic_names, msg.topic());
-            current.set(&src_topic, msg.partition(), msg.offset() + 1);
-            *consumed.entry(src_topic.clone()).or_default() += 1;
+            read.positions
+                .set(&src_topic, msg.partition(), msg.offset() + 1);
+            *stats.consumed.entry(src_topic.clone()).or_default() += 1;
             let ts = msg.timestamp().to_millis();
             if count.is_multiple_of(LATENCY_SAMPLE) {
                 if let Some(ts) = ts {
-                    samples.push(ts);
+                    stats.samples.push(ts);
                 }
             }
             count += 1;
@@ -1334,15 +1441,15 @@ impl<'a> Pipeline<'a> {
                     .get(&topic)
                     .copied()
                     .unwrap_or(1);
-                dead_lettered.push(src.clone());
+                stats.dead_lettered.push(src.clone());
                 send_dead_letter(&mut self.sink, &topic, partitions, &msg, src, bad)?;
                 continue;
             }
             let (sink_topic, partition) =
                 self.router.route(msg.topic(), msg.partition(), msg.key());
-            *produced.entry(sink_topic.clone()).or_default() += 1;
-            if at_most_once {
-                held.push(msg.detach());
+            *stats.produced.entry(sink_topic.clone()).or_default() += 1;
+            if holds {
+                read.held.push(msg.detach());
                 continue;
             }
             self.sink.send(
@@ -1358,117 +1465,47 @@ impl<'a> Pipeline<'a> {
                 failpoint::hit("after-produce");
             }
         }
+        Ok(read)
+    }
 
-        // Barrier: P(N) = current.
-        let barrier = Instant::now();
-        self.last_barrier = barrier;
-        self.shared
-            .metrics
-            .epochs_ended
-            .with_label_values(&[trigger])
-            .inc();
-        self.verify_epoch(&consumed, &produced)?;
-        let identity = Some(self.identity.clone());
-        let deadline = barrier + cfg.checkpoint.timeout;
-        // One time for the checkpoint and its savepoint reply.
-        let barrier_ms = now_ms();
-        let checkpoint = |state| Checkpoint {
-            id,
-            bridge_id: cfg.bridge.id.clone(),
-            instance: cfg.bridge.instance,
-            instances: cfg.bridge.instances,
-            state,
-            positions: current.clone(),
-            created_ms: barrier_ms,
-            savepoint: savepoint_name.clone(),
-            identity: identity.clone(),
+    /// Completes checkpoint `c` through the delivery mode's protocol, and keeps what the failure
+    /// path needs whatever the outcome: the pending checkpoint to discard, or (at-most-once) the
+    /// checkpoint already written, which a failure must rewind to.
+    fn complete(
+        &mut self,
+        c: &Checkpoint,
+        held: Vec<OwnedMessage>,
+        deadline: Instant,
+    ) -> Result<()> {
+        let store = self.store.clone();
+        let protocol = self.protocol;
+        let mut progress = Progress::default();
+        let mut output = EpochOutput {
+            p: self,
+            id: c.id,
+            held,
         };
-        match cfg.bridge.delivery {
-            Delivery::ExactlyOnce => {
-                let marker = Marker {
-                    version: MARKER_VERSION,
-                    bridge_id: cfg.bridge.id.clone(),
-                    instance: cfg.bridge.instance,
-                    instances: cfg.bridge.instances,
-                    checkpoint_id: id,
-                    positions: current.clone(),
-                    time_ms: barrier_ms,
-                    identity: identity.clone(),
-                };
-                self.sink.send_marker(&marker)?;
-                failpoint::hit("after-marker");
-                self.flush_until(id, deadline)?;
-                failpoint::hit("after-flush");
-                self.store
-                    .write_pending(&checkpoint(CheckpointState::Pending))?;
-                self.pending = Some(id);
-                failpoint::hit("after-precommit");
-                let t = Instant::now();
-                self.sink
-                    .commit(deadline)
-                    .map_err(|e| self.sink.classify(e))?;
-                self.shared
-                    .metrics
-                    .commit_duration
-                    .observe(t.elapsed().as_secs_f64());
-                failpoint::hit("after-commit");
-                self.pending = None;
-                self.store.mark_committed(id)?;
-                failpoint::hit("after-mark-committed");
-            }
-            Delivery::AtLeastOnce => {
-                self.flush_until(id, deadline)?;
-                self.sink.commit(deadline)?;
-                self.store
-                    .put_committed(&checkpoint(CheckpointState::Committed))?;
-            }
-            Delivery::AtMostOnce => {
-                self.store
-                    .put_committed(&checkpoint(CheckpointState::Committed))?;
-                // The epoch is checkpointed before a record is written: from here on a failure
-                // must rewind to these positions, not to the previous checkpoint's, or the
-                // records already written would be written again.
-                self.committed = current.clone();
-                self.last_id = id;
-                for m in held.drain(..) {
-                    let (sink_topic, partition) =
-                        self.router.route(m.topic(), m.partition(), m.key());
-                    let src = SourceRef {
-                        topic: self.topic_name(m.topic()),
-                        partition: m.partition(),
-                        offset: m.offset(),
-                    };
-                    let headers = m.headers().cloned();
-                    // Past the deadline the flush below times out; sending on is still the best
-                    // chance of delivering what was checkpointed.
-                    self.sink
-                        .wait_in_flight_below(self.in_flight.bytes(), deadline);
-                    self.sink.send(
-                        &sink_topic,
-                        partition,
-                        m.key(),
-                        m.payload(),
-                        headers,
-                        m.timestamp().to_millis(),
-                        src,
-                    )?;
-                }
-                // A failure now loses the epoch's records: that is what at-most-once promises. A
-                // bad record still stops the bridge, as it does in the other modes.
-                match self.flush_until(id, deadline) {
-                    Err(e) if blamed_record(&e).is_some() => return Err(e),
-                    Err(e) => {
-                        warn!(error = %e, "at-most-once: records of this epoch were not all delivered")
-                    }
-                    Ok(()) => {}
-                }
-                self.sink.commit(deadline)?;
-            }
+        let result = protocol.complete(&mut output, &*store, c, deadline, &mut progress);
+        self.pending = progress.pending;
+        if progress.checkpointed_ahead {
+            self.committed = c.positions.clone();
+            self.last_id = c.id;
         }
+        if let Some(took) = progress.commit_took {
+            self.shared
+                .metrics
+                .commit_duration
+                .observe(took.as_secs_f64());
+        }
+        result
+    }
 
-        // Committed.
+    /// After the commit: the savepoint reply, metrics, positions and status.
+    fn publish(&mut self, c: Checkpoint, stats: EpochStats, barrier: Instant) {
+        let cfg = self.cfg.clone();
+        let id = c.id;
         if let Some((name, stop, reply)) = self.savepoint.take() {
-            let sp = Savepoint::from_checkpoint(&checkpoint(CheckpointState::Committed));
+            let sp = Savepoint::from_checkpoint(&c);
             info!(savepoint = %name, checkpoint = id, stop, "savepoint taken");
             if stop {
                 self.shared.shutdown.cancel();
@@ -1477,13 +1514,13 @@ impl<'a> Pipeline<'a> {
         }
         let m = &self.shared.metrics;
         let done_ms = now_ms();
-        for (t, n) in consumed {
+        for (t, n) in stats.consumed {
             m.records_consumed.with_label_values(&[&t]).inc_by(n);
         }
-        for (t, n) in produced {
+        for (t, n) in stats.produced {
             m.records_produced.with_label_values(&[&t]).inc_by(n);
         }
-        for src in &dead_lettered {
+        for src in &stats.dead_lettered {
             m.records_dead_lettered
                 .with_label_values(&[&src.topic])
                 .inc();
@@ -1494,7 +1531,7 @@ impl<'a> Pipeline<'a> {
                 "bad record dead-lettered"
             );
         }
-        for ts in samples {
+        for ts in stats.samples {
             m.end_to_end_latency
                 .observe(((done_ms - ts).max(0) as f64) / 1000.0);
         }
@@ -1503,7 +1540,7 @@ impl<'a> Pipeline<'a> {
             .observe(barrier.elapsed().as_secs_f64());
         m.last_checkpoint_id.set(id as i64);
         m.last_checkpoint_timestamp.set(done_ms / 1000);
-        self.committed = current;
+        self.committed = c.positions;
         self.last_id = id;
         // A bad record behind the committed positions is never read again.
         if !self.bad_records.is_empty() {
@@ -1521,7 +1558,6 @@ impl<'a> Pipeline<'a> {
             s.last_checkpoint_at = Some(Instant::now());
             s.heartbeat = Instant::now();
         });
-        Ok(())
     }
 
     fn flush_until(&mut self, id: u64, deadline: Instant) -> Result<()> {
@@ -1588,7 +1624,7 @@ impl<'a> Pipeline<'a> {
         // Dead letters need the epoch replayed, which at-most-once cannot (it checkpointed past
         // the epoch already); and a bad record seen before is one the dead-letter topic refused.
         let dead_letter = self.cfg.sink.on_bad_record == OnBadRecord::DeadLetter
-            && self.cfg.bridge.delivery != Delivery::AtMostOnce;
+            && self.protocol.replays_failed_epochs();
         let bad_stops = bad
             .as_ref()
             .is_some_and(|(src, _)| !dead_letter || self.bad_records.contains_key(src));
@@ -1665,7 +1701,7 @@ impl<'a> Pipeline<'a> {
                 fix_for(bad.code, &dlq),
             )
         } else {
-            let dead_letter = if cfg.bridge.delivery == Delivery::AtMostOnce {
+            let dead_letter = if !self.protocol.replays_failed_epochs() {
                 ""
             } else {
                 ", or set [sink] on_bad_record = \"dead-letter\" to write such records to a dead-letter topic and go on"
@@ -1675,28 +1711,7 @@ impl<'a> Pipeline<'a> {
                 format!("{}{dead_letter}", fix_for(bad.code, &sink_topic)),
             )
         };
-        let resume = self.last_id;
-        let outcome = match cfg.bridge.delivery {
-            Delivery::ExactlyOnce if aborted => format!(
-                "The bridge stopped with the transaction of checkpoint {} aborted, so nothing of it is visible; a \
-                 restart resumes from checkpoint {resume} and stops here again until the fix",
-                resume + 1
-            ),
-            Delivery::ExactlyOnce => format!(
-                "The bridge stopped; the transaction of checkpoint {} could not be aborted and is aborted by the \
-                 coordinator after transaction.timeout, so nothing of it becomes visible; a restart resumes from \
-                 checkpoint {resume} and stops here again until the fix",
-                resume + 1
-            ),
-            Delivery::AtLeastOnce => format!(
-                "The bridge stopped; a restart resumes from checkpoint {resume}, writes again what this epoch \
-                 delivered before the record (at-least-once), and stops here again until the fix"
-            ),
-            Delivery::AtMostOnce => "The bridge stopped; at-most-once had checkpointed past this epoch's records \
-                 before writing them, so this record and the epoch's records not yet written are lost, and a \
-                 restart continues after them"
-                .to_string(),
-        };
+        let outcome = self.protocol.stop_outcome(aborted, self.last_id);
         BridgeError::PoisonRecord(Box::new(BadRecordStop {
             topic: src.topic.to_string(),
             partition: src.partition,
