@@ -73,7 +73,9 @@ impl Admin {
         let broker = md
             .brokers()
             .first()
-            .ok_or_else(|| BridgeError::Setup("the sink cluster reported no brokers".into()))?
+            .ok_or_else(|| {
+                BridgeError::SinkConfigUnreadable("the sink cluster reported no brokers".into())
+            })?
             .id();
         let results = self
             .client
@@ -82,7 +84,7 @@ impl Admin {
             .map_err(|e| BridgeError::kafka("describe sink broker configs", e))?;
         for r in results {
             let resource = r.map_err(|code| {
-                BridgeError::Setup(format!(
+                BridgeError::SinkConfigUnreadable(format!(
                     "describing the sink broker's configuration failed: {code:?}; grant DescribeConfigs on the cluster"
                 ))
             })?;
@@ -91,13 +93,13 @@ impl Admin {
                 .and_then(|e| e.value.clone())
             {
                 return v.parse().map_err(|_| {
-                    BridgeError::Setup(format!(
+                    BridgeError::SinkConfigUnreadable(format!(
                         "the sink broker's transaction.max.timeout.ms is not a number: {v}"
                     ))
                 });
             }
         }
-        Err(BridgeError::Setup(
+        Err(BridgeError::SinkConfigUnreadable(
             "the sink broker did not report transaction.max.timeout.ms; grant DescribeConfigs on the cluster".into(),
         ))
     }
@@ -111,7 +113,7 @@ impl Admin {
             .map_err(|e| BridgeError::kafka("describe sink topic configs", e))?;
         for r in results {
             let resource = r.map_err(|code| {
-                BridgeError::Setup(format!(
+                BridgeError::SinkConfigUnreadable(format!(
                     "describing the configuration of sink topic '{topic}' failed: {code:?}; grant the bridge \
                      DescribeConfigs on it"
                 ))
@@ -121,13 +123,13 @@ impl Admin {
                 .and_then(|e| e.value.clone())
             {
                 return v.parse().map_err(|_| {
-                    BridgeError::Setup(format!(
+                    BridgeError::SinkConfigUnreadable(format!(
                         "sink topic '{topic}' has a max.message.bytes that is not a number: {v}"
                     ))
                 });
             }
         }
-        Err(BridgeError::Setup(format!(
+        Err(BridgeError::SinkConfigUnreadable(format!(
             "sink topic '{topic}' did not report max.message.bytes; grant the bridge DescribeConfigs on it"
         )))
     }
@@ -157,7 +159,7 @@ impl Admin {
                     return Err(BridgeError::kafka("create topic", KafkaError::AdminOp(code)))
                 }
                 Err((t, code)) => {
-                    return Err(BridgeError::Setup(format!(
+                    return Err(BridgeError::TopicAdmin(format!(
                         "could not create topic '{t}' on the sink cluster: {code:?}; create it yourself or grant \
                          the bridge Create on it"
                     )))
@@ -179,7 +181,7 @@ impl Admin {
             .map_err(|e| BridgeError::kafka("add partitions", e))?;
         for r in res {
             if let Err((t, code)) = r {
-                return Err(BridgeError::Setup(format!(
+                return Err(BridgeError::TopicAdmin(format!(
                     "adding partitions to '{t}' (to {total}) failed: {code:?}; add them yourself or \
                      grant the bridge Alter on the topic"
                 )));
@@ -221,7 +223,7 @@ impl Admin {
                             return Ok(now);
                         }
                     }
-                    return Err(BridgeError::Setup(format!(
+                    return Err(BridgeError::TopicAdmin(format!(
                         "marker topic '{topic}' has {n} partitions but {want} instances need one each: {e}"
                     )));
                 }

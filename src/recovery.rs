@@ -97,6 +97,51 @@ pub enum RecoveryError {
     },
 }
 
+/// The instance slot a process runs as: bridge id, instance, and the number of instances of its
+/// layout. It is the one judge of whether a checkpoint, a commit marker or kept start positions
+/// are this process's own.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Slot<'a> {
+    pub bridge_id: &'a str,
+    pub instance: u32,
+    pub instances: u32,
+}
+
+impl Slot<'_> {
+    /// Whether state written by `bridge_id` instance `instance` of `instances` is this slot's.
+    pub fn is(&self, bridge_id: &str, instance: u32, instances: u32) -> bool {
+        (bridge_id, instance, instances) == (self.bridge_id, self.instance, self.instances)
+    }
+
+    pub fn owns_checkpoint(&self, c: &Checkpoint) -> bool {
+        self.is(&c.bridge_id, c.instance, c.instances)
+    }
+
+    pub fn owns_marker(&self, m: &Marker) -> bool {
+        self.is(&m.bridge_id, m.instance, m.instances)
+    }
+
+    /// A layout mismatch as the error that stops recovery; `origin` names what carried it.
+    fn judge(
+        &self,
+        origin: impl FnOnce() -> String,
+        found: (&str, u32, u32),
+    ) -> Result<(), RecoveryError> {
+        if self.is(found.0, found.1, found.2) {
+            return Ok(());
+        }
+        Err(RecoveryError::LayoutMismatch {
+            origin: origin(),
+            found_bridge_id: found.0.to_string(),
+            found_instance: found.1,
+            found_instances: found.2,
+            bridge_id: self.bridge_id.to_string(),
+            instance: self.instance,
+            instances: self.instances,
+        })
+    }
+}
+
 /// Decides where to resume. `checkpoints` are the decodable checkpoints of the state directory in
 /// any order; `marker` is this instance's newest committed marker, if the marker topic has one.
 pub fn decide(
@@ -107,29 +152,20 @@ pub fn decide(
     marker: Option<&Marker>,
     now_ms: i64,
 ) -> Result<Decision, RecoveryError> {
-    let mismatch = |origin: String, found: (&str, u32, u32)| {
-        if found == (bridge_id, instance, instances) {
-            return Ok(());
-        }
-        Err(RecoveryError::LayoutMismatch {
-            origin,
-            found_bridge_id: found.0.to_string(),
-            found_instance: found.1,
-            found_instances: found.2,
-            bridge_id: bridge_id.to_string(),
-            instance,
-            instances,
-        })
+    let slot = Slot {
+        bridge_id,
+        instance,
+        instances,
     };
     if let Some(m) = marker {
-        mismatch(
-            format!("commit marker {}", m.checkpoint_id),
+        slot.judge(
+            || format!("commit marker {}", m.checkpoint_id),
             (&m.bridge_id, m.instance, m.instances),
         )?;
     }
     for c in checkpoints {
-        mismatch(
-            format!("checkpoint {} in the state directory", c.id),
+        slot.judge(
+            || format!("checkpoint {} in the state directory", c.id),
             (&c.bridge_id, c.instance, c.instances),
         )?;
     }

@@ -1,6 +1,6 @@
 //! The sink side: the one owner of the transactional producer and of the transaction's state
-//! machine (ready → open → flushed → committed or aborted), plus reading back the newest
-//! committed commit marker.
+//! machine (ready → open → flushed → committed or aborted), and of the fencing of other
+//! transactional ids. Markers are read back by `marker`.
 //!
 //! Nothing else in the crate touches the producer. Every call here blocks (librdkafka's
 //! transaction API does), so the pipeline runs on a thread of its own, never on the async
@@ -13,21 +13,19 @@
 //! error, which outranks the collateral ones (purged, erroneous state), and a refused send waits
 //! briefly for the delivery reports that say which record really failed.
 
-use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use rdkafka::config::ClientConfig;
-use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{Message, OwnedHeaders, ToBytes};
 use rdkafka::producer::{BaseRecord, DeliveryResult, Producer, ProducerContext, ThreadedProducer};
-use rdkafka::{ClientContext, Offset, TopicPartitionList};
+use rdkafka::ClientContext;
 use tracing::{info, warn};
 
 use crate::error::{classify_kafka, is_auth, is_fencing, Action, BridgeError, Result};
-use crate::marker::{parse_marker_key, FoundMarker, Layout, Marker};
+use crate::marker::Marker;
 
 /// Where an output record came from; carried through librdkafka so that a failed delivery names
 /// its source record. The commit marker carries the marker topic's partition and offset -1.
@@ -862,22 +860,6 @@ impl Sink {
             }
         }
     }
-
-    /// Reads this instance's newest committed commit marker (read_committed), scanning backwards
-    /// from the last stable offset of its marker partition in windows, so that recovery costs the
-    /// same however long the marker topic has grown since its last compaction.
-    pub fn read_newest_marker(
-        &self,
-        timeout: Duration,
-        report: MarkerWait<'_>,
-    ) -> Result<Option<Marker>> {
-        read_newest_marker(
-            &self.settings,
-            timeout,
-            self.settings.foreign_transaction_wait,
-            report,
-        )
-    }
 }
 
 fn classify_kafka_err(e: &BridgeError) -> Action {
@@ -885,337 +867,6 @@ fn classify_kafka_err(e: &BridgeError) -> Action {
         BridgeError::Kafka { source, .. } => classify_kafka(source),
         other => other.action(),
     }
-}
-
-const MARKER_WINDOW: i64 = 256;
-
-/// What the marker read reports while it waits for other producers' transactions to finish.
-pub type MarkerWait<'a> = &'a mut dyn FnMut(Option<&ForeignTransactionWait>);
-
-/// A marker read held back by a transaction of another producer on the marker partition.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ForeignTransactionWait {
-    pub topic: String,
-    pub partition: i32,
-    pub last_stable_offset: i64,
-    pub high_watermark: i64,
-    pub waited: Duration,
-}
-
-fn marker_reader(s: &SinkSettings, isolation: &str) -> Result<BaseConsumer> {
-    let mut cc = ClientConfig::new();
-    for (k, v) in &s.kafka {
-        if is_client_wide(k) {
-            cc.set(k, v);
-        }
-    }
-    cc.set("bootstrap.servers", &s.bootstrap_servers)
-        .set(
-            "group.id",
-            format!("eos-bridge.{}.marker-reader", s.bridge_id),
-        )
-        .set("enable.auto.commit", "false")
-        .set("isolation.level", isolation)
-        .set("enable.partition.eof", "true")
-        .set("auto.offset.reset", "earliest")
-        .create()
-        .map_err(|e| BridgeError::kafka("create marker reader", e))
-}
-
-/// Waits until the marker partition's last stable offset reaches the high watermark that the
-/// partition had when the wait began, and returns that offset.
-///
-/// Why this proves the read complete: the caller has run init_transactions, which returns only
-/// once the coordinator has finished every earlier transaction of our transactional id, so every
-/// marker we ever committed lies below the high watermark H read now. A read_committed reader
-/// sees everything below the last stable offset, and the LSO reaches H once no transaction that
-/// has a record below H is still open. Transactions that begin later start at or above H and
-/// cannot hold the LSO below it, so the wait ends when the slowest foreign transaction open now
-/// commits or is aborted, at the latest when the coordinator times it out.
-fn wait_for_stable_marker_partition(
-    s: &SinkSettings,
-    committed: &BaseConsumer,
-    deadline: Instant,
-    report: MarkerWait<'_>,
-) -> Result<i64> {
-    let t = Duration::from_secs(10);
-    let uncommitted = marker_reader(s, "read_uncommitted")?;
-    let (_, high) = uncommitted
-        .fetch_watermarks(&s.marker_topic, s.marker_partition, t)
-        .map_err(|e| BridgeError::kafka("fetch marker high watermark", e))?;
-    let began = Instant::now();
-    let mut last_log: Option<Instant> = None;
-    let mut pause = Duration::from_millis(20);
-    loop {
-        let (_, lso) = committed
-            .fetch_watermarks(&s.marker_topic, s.marker_partition, t)
-            .map_err(|e| BridgeError::kafka("fetch marker last stable offset", e))?;
-        if lso >= high {
-            if last_log.is_some() {
-                info!(
-                    topic = %s.marker_topic, partition = s.marker_partition,
-                    waited_ms = began.elapsed().as_millis() as u64,
-                    "the marker partition is stable again; reading the newest commit marker"
-                );
-            }
-            report(None);
-            return Ok(lso);
-        }
-        let wait = ForeignTransactionWait {
-            topic: s.marker_topic.clone(),
-            partition: s.marker_partition,
-            last_stable_offset: lso,
-            high_watermark: high,
-            waited: began.elapsed(),
-        };
-        if Instant::now() >= deadline {
-            return Err(BridgeError::MarkerPartitionUnstable {
-                topic: wait.topic,
-                partition: wait.partition,
-                last_stable_offset: lso,
-                high_watermark: high,
-                waited: wait.waited,
-            });
-        }
-        if last_log.is_none_or(|l| l.elapsed() >= Duration::from_secs(5)) {
-            warn!(
-                topic = %s.marker_topic, partition = s.marker_partition,
-                last_stable_offset = lso, high_watermark = high,
-                waited_ms = wait.waited.as_millis() as u64,
-                "an open transaction of another producer holds back the marker partition; \
-                 waiting for it to finish before deciding where to resume"
-            );
-            last_log = Some(Instant::now());
-        }
-        report(Some(&wait));
-        std::thread::sleep(pause.min(deadline.saturating_duration_since(Instant::now())));
-        pause = (pause * 2).min(Duration::from_millis(500));
-    }
-}
-
-/// Reads the instance's newest committed commit marker, read_committed, scanning backwards from
-/// the last stable offset of its marker partition in windows, so that recovery costs the same
-/// however long the marker topic has grown since its last compaction.
-///
-/// The read is complete or it fails: it first waits (until `stable_deadline`) for every
-/// transaction that was open on the partition to finish (see
-/// [`wait_for_stable_marker_partition`]); `timeout` bounds the reading itself. A marker of another
-/// bridge or instance in the partition is an error: a shared marker partition lets a neighbour's
-/// transaction hold back our recovery.
-pub fn read_newest_marker(
-    s: &SinkSettings,
-    timeout: Duration,
-    stable_deadline: Duration,
-    report: MarkerWait<'_>,
-) -> Result<Option<Marker>> {
-    let consumer = marker_reader(s, "read_committed")?;
-    let (low, _) = consumer
-        .fetch_watermarks(&s.marker_topic, s.marker_partition, timeout)
-        .map_err(|e| BridgeError::kafka("fetch marker watermarks", e))?;
-    let lso =
-        wait_for_stable_marker_partition(s, &consumer, Instant::now() + stable_deadline, report)?;
-    let end_at = Instant::now() + timeout;
-    let key = s.marker_key.clone();
-    let mut hi = lso;
-    while hi > low {
-        let lo = (hi - MARKER_WINDOW).max(low);
-        let mut tpl = TopicPartitionList::new();
-        tpl.add_partition_offset(&s.marker_topic, s.marker_partition, Offset::Offset(lo))
-            .map_err(|e| BridgeError::kafka("assign marker partition", e))?;
-        consumer
-            .assign(&tpl)
-            .map_err(|e| BridgeError::kafka("assign marker partition", e))?;
-        let mut best: Option<Marker> = None;
-        loop {
-            if Instant::now() >= end_at {
-                return Err(BridgeError::MarkerRead {
-                    key,
-                    topic: s.marker_topic.clone(),
-                    partition: s.marker_partition,
-                    timeout,
-                });
-            }
-            match consumer.poll(Duration::from_millis(200)) {
-                None => continue,
-                Some(Err(KafkaError::PartitionEOF(_))) => break,
-                Some(Err(e)) => return Err(BridgeError::kafka("read marker topic", e)),
-                Some(Ok(m)) => {
-                    if m.offset() >= hi {
-                        break;
-                    }
-                    match m.key() {
-                        Some(k) if k == key.as_bytes() => {
-                            if let Some(payload) = m.payload() {
-                                match Marker::decode(payload) {
-                                    Ok(marker) => {
-                                        if best
-                                            .as_ref()
-                                            .is_none_or(|b| marker.checkpoint_id > b.checkpoint_id)
-                                        {
-                                            best = Some(marker);
-                                        }
-                                    }
-                                    Err(e) => {
-                                        warn!(offset = m.offset(), error = %e, "skipping undecodable commit marker")
-                                    }
-                                }
-                            }
-                        }
-                        // Another layout of this bridge on the same instance slot.
-                        Some(k)
-                            if std::str::from_utf8(k)
-                                .ok()
-                                .and_then(|k| parse_marker_key(&s.bridge_id, k))
-                                .is_some() => {}
-                        other => {
-                            return Err(BridgeError::MarkerTopicShared {
-                                topic: s.marker_topic.clone(),
-                                partition: s.marker_partition,
-                                offset: m.offset(),
-                                found_key: String::from_utf8_lossy(other.unwrap_or_default())
-                                    .into_owned(),
-                                our_key: key.clone(),
-                            });
-                        }
-                    }
-                    if m.offset() + 1 >= hi {
-                        break;
-                    }
-                }
-            }
-        }
-        if let Some(b) = best {
-            info!(
-                checkpoint_id = b.checkpoint_id,
-                "found the newest committed commit marker"
-            );
-            return Ok(Some(b));
-        }
-        hi = lo;
-    }
-    Ok(None)
-}
-
-/// Reads the newest committed marker of every key of this bridge on marker partitions
-/// `0..partitions`, each partition read completely up to its last stable offset once that reached
-/// the high watermark (the completeness rule of [`wait_for_stable_marker_partition`]). The whole
-/// partition is read because a partition holds the markers of every layout that used its instance
-/// slot and the reader cannot know how many there were; compaction keeps it short.
-///
-/// With `committed = false` it reads everything written, open and aborted transactions included,
-/// without waiting: a guess of the layouts in use, good for choosing the transactional id before
-/// init_transactions, never for positions.
-pub fn read_bridge_markers(
-    s: &SinkSettings,
-    partitions: i32,
-    committed: bool,
-    timeout: Duration,
-    report: MarkerWait<'_>,
-) -> Result<Vec<FoundMarker>> {
-    let consumer = marker_reader(
-        s,
-        if committed {
-            "read_committed"
-        } else {
-            "read_uncommitted"
-        },
-    )?;
-    let mut newest: BTreeMap<String, FoundMarker> = BTreeMap::new();
-    for partition in 0..partitions.max(1) {
-        let ps = SinkSettings {
-            marker_partition: partition,
-            ..s.clone()
-        };
-        // A partition the bridge has just created or added can be unknown to the broker we ask
-        // for a moment: wait for it rather than stop.
-        let known_by = Instant::now() + timeout;
-        let (low, high) = loop {
-            match consumer.fetch_watermarks(&ps.marker_topic, partition, timeout) {
-                Ok(w) => break w,
-                Err(e) if Instant::now() < known_by => {
-                    warn!(topic = %ps.marker_topic, partition, error = %e, "marker partition not known yet; retrying");
-                    std::thread::sleep(Duration::from_millis(200));
-                }
-                Err(e) => return Err(BridgeError::kafka("fetch marker watermarks", e)),
-            }
-        };
-        let lso = if committed {
-            wait_for_stable_marker_partition(
-                &ps,
-                &consumer,
-                Instant::now() + s.foreign_transaction_wait,
-                report,
-            )?
-        } else {
-            high
-        };
-        if lso <= low {
-            continue;
-        }
-        let mut tpl = TopicPartitionList::new();
-        tpl.add_partition_offset(&ps.marker_topic, partition, Offset::Offset(low))
-            .map_err(|e| BridgeError::kafka("assign marker partition", e))?;
-        consumer
-            .assign(&tpl)
-            .map_err(|e| BridgeError::kafka("assign marker partition", e))?;
-        let end_at = Instant::now() + timeout;
-        loop {
-            if Instant::now() >= end_at {
-                return Err(BridgeError::MarkerRead {
-                    key: format!("{}/*", s.bridge_id),
-                    topic: ps.marker_topic.clone(),
-                    partition,
-                    timeout,
-                });
-            }
-            let m = match consumer.poll(Duration::from_millis(200)) {
-                None => continue,
-                Some(Err(KafkaError::PartitionEOF(_))) => break,
-                Some(Err(e)) => return Err(BridgeError::kafka("read marker topic", e)),
-                Some(Ok(m)) => m,
-            };
-            if m.offset() >= lso {
-                break;
-            }
-            let key = String::from_utf8_lossy(m.key().unwrap_or_default()).into_owned();
-            let parsed = parse_marker_key(&s.bridge_id, &key);
-            if parsed.is_none() && !committed {
-                // Possibly an aborted or still open record: the committed read judges it.
-                continue;
-            }
-            let Some((layout, _)) = parsed else {
-                return Err(BridgeError::MarkerTopicShared {
-                    topic: ps.marker_topic.clone(),
-                    partition,
-                    offset: m.offset(),
-                    found_key: key,
-                    our_key: s.marker_key.clone(),
-                });
-            };
-            match m.payload().map(Marker::decode) {
-                Some(Ok(marker)) => {
-                    let layout = layout.unwrap_or(Layout {
-                        generation: 0,
-                        instances: marker.instances,
-                    });
-                    if newest
-                        .get(&key)
-                        .is_none_or(|f| marker.checkpoint_id >= f.marker.checkpoint_id)
-                    {
-                        newest.insert(key, FoundMarker { layout, marker });
-                    }
-                }
-                Some(Err(e)) => {
-                    warn!(offset = m.offset(), error = %e, "skipping undecodable commit marker")
-                }
-                None => {}
-            }
-            if m.offset() + 1 >= lso {
-                break;
-            }
-        }
-    }
-    Ok(newest.into_values().collect())
 }
 
 /// Fences a transactional id: init_transactions under it aborts the transaction its producer

@@ -87,7 +87,7 @@ impl Source {
         let selector = match &cfg.source.topic_pattern {
             Some(p) => Selector::Pattern(
                 Regex::new(&format!("^(?:{p})$"))
-                    .map_err(|e| BridgeError::Setup(format!("source.topic_pattern: {e}")))?,
+                    .map_err(|e| BridgeError::InvalidTopicPattern(e.to_string()))?,
             ),
             None => Selector::List(cfg.source.topics.clone()),
         };
