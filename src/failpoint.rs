@@ -3,20 +3,11 @@
 //!
 //! `EOS_BRIDGE_FAILPOINT=NAME` kills the process with SIGKILL (exactly what kill -9 does: no
 //! destructor, no flush) the `EOS_BRIDGE_FAILPOINT_HIT`-th time (default 1) the step is reached.
-
-/// The steps of a new layout's take-over a failpoint can name, in order (docs/design.md,
-/// "Rescaling").
-pub const TAKEOVER_STEPS: [&str; 3] = ["after-intent", "after-fence", "after-takeover"];
-
-/// The protocol steps a failpoint can name, in protocol order.
-pub const STEPS: [&str; 6] = [
-    "after-produce",
-    "after-marker",
-    "after-flush",
-    "after-precommit",
-    "after-commit",
-    "after-mark-committed",
-];
+//!
+//! The steps, in protocol order: `after-produce` (pipeline), `after-marker`, `after-flush`,
+//! `after-precommit`, `after-commit`, `after-mark-committed` (pipeline/protocol.rs, exactly-once);
+//! of a new layout's take-over (docs/design.md, "Rescaling"): `after-intent`, `after-fence`,
+//! `after-takeover` (pipeline/recover.rs).
 
 #[cfg(feature = "failpoints")]
 pub fn hit(step: &'static str) {

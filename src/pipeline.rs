@@ -483,7 +483,6 @@ impl<'a> Pipeline<'a> {
             marker_partition: marker_partition(cfg.bridge.instance, marker_partitions),
             foreign_transaction_wait,
             bridge_id: cfg.bridge.id.clone(),
-            instance: cfg.bridge.instance,
             marker_key: crate::marker::marker_key(&cfg.bridge.id, cfg.bridge.instance),
         };
         // The layout decides the transactional id, which init_transactions needs before any

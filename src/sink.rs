@@ -307,7 +307,6 @@ pub struct SinkSettings {
     /// longer than any transaction can stay open on the sink cluster.
     pub foreign_transaction_wait: Duration,
     pub bridge_id: String,
-    pub instance: u32,
     /// The key of this instance's markers in its layout (`marker::layout_marker_key`).
     pub marker_key: String,
 }
@@ -1115,7 +1114,6 @@ mod tests {
             marker_partition: 0,
             foreign_transaction_wait: Duration::ZERO,
             bridge_id: "b".into(),
-            instance: 0,
             marker_key: "b/0".into(),
         }
     }

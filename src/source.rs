@@ -70,7 +70,7 @@ impl Source {
             cc.set(k, v);
         }
         cc.set("bootstrap.servers", &cfg.source.bootstrap_servers)
-            // Used only for the optional monitoring commit; positions live in our checkpoints.
+            // Nothing is committed to this group: positions live in our checkpoints.
             .set("group.id", format!("eos-bridge.{}", cfg.bridge.id))
             .set("enable.auto.commit", "false")
             .set("enable.auto.offset.store", "false")
@@ -209,17 +209,6 @@ impl Source {
         self.consumer.poll(timeout)
     }
 
-    /// Commits positions to the source consumer group for monitoring only (lag tools); never read.
-    pub fn commit_for_monitoring(&self, positions: &Positions) -> Result<()> {
-        let mut tpl = TopicPartitionList::new();
-        for (t, p, o) in positions.iter() {
-            tpl.add_partition_offset(t, p, Offset::Offset(o))
-                .map_err(|e| BridgeError::kafka("commit offsets", e))?;
-        }
-        self.consumer
-            .commit(&tpl, rdkafka::consumer::CommitMode::Async)
-            .map_err(|e| BridgeError::kafka("commit offsets", e))
-    }
 }
 
 /// What the source cluster said about one topic.

@@ -49,10 +49,6 @@ impl Router {
             .insert(sink_topic.to_string(), partitions);
     }
 
-    pub fn sink_partitions(&self, sink_topic: &str) -> Option<i32> {
-        self.sink_partitions.get(sink_topic).copied()
-    }
-
     /// Sink topic and partition of one record.
     pub fn route(
         &mut self,
