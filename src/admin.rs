@@ -29,6 +29,12 @@ pub struct Admin {
     client: AdminClient<DefaultClientContext>,
 }
 
+impl std::fmt::Debug for Admin {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Admin").finish_non_exhaustive()
+    }
+}
+
 impl Admin {
     pub fn new(bootstrap: &str, kafka: &[(String, String)]) -> Result<Admin> {
         let mut cc = ClientConfig::new();

@@ -303,9 +303,9 @@ impl BridgeError {
     /// A short label for metrics and logs.
     pub fn reason(&self) -> &'static str {
         match self {
-            BridgeError::Kafka { .. } | BridgeError::MarkerRead { .. } => "kafka_error",
-            BridgeError::SourceTopicsUnavailable { .. } => "kafka_error",
-            BridgeError::SourceTopicsMissing { .. } => "setup",
+            BridgeError::Kafka { .. }
+            | BridgeError::MarkerRead { .. }
+            | BridgeError::SourceTopicsUnavailable { .. } => "kafka_error",
             BridgeError::Delivery { .. } => "delivery_error",
             BridgeError::CheckpointTimeout { .. } => "checkpoint_timeout",
             BridgeError::Fenced { .. } => "fenced",
@@ -322,7 +322,8 @@ impl BridgeError {
             BridgeError::MarkerTopicShared { .. } => "marker_topic_shared",
             BridgeError::MarkerPartitionUnstable { .. } => "marker_partition_unstable",
             // One label for the stops outside an epoch, as before they had types of their own.
-            BridgeError::SinkConfigUnreadable(_)
+            BridgeError::SourceTopicsMissing { .. }
+            | BridgeError::SinkConfigUnreadable(_)
             | BridgeError::TopicAdmin(_)
             | BridgeError::InvalidTopicPattern(_)
             | BridgeError::ApiListen { .. }

@@ -10,7 +10,7 @@
 //! `after-takeover` (pipeline/recover.rs).
 
 #[cfg(feature = "failpoints")]
-pub fn hit(step: &'static str) {
+pub(crate) fn hit(step: &'static str) {
     use std::sync::atomic::{AtomicU64, Ordering};
     use std::sync::OnceLock;
     static ARMED: OnceLock<Option<(String, u64)>> = OnceLock::new();

@@ -24,10 +24,10 @@ use crate::positions::Positions;
 use crate::sink::{is_client_wide, SinkSettings};
 
 /// Version of the marker format; a reader refuses versions it does not know.
-pub const MARKER_VERSION: u32 = 1;
+pub(crate) const MARKER_VERSION: u32 = 1;
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Marker {
+pub(crate) struct Marker {
     pub version: u32,
     pub bridge_id: String,
     pub instance: u32,
@@ -44,7 +44,7 @@ pub struct Marker {
 }
 
 #[derive(Debug, Error)]
-pub enum MarkerError {
+pub(crate) enum MarkerError {
     #[error("commit marker is not valid JSON: {0}")]
     Json(#[from] serde_json::Error),
     #[error("commit marker has version {found}, this build reads version {MARKER_VERSION}: upgrade eos-bridge")]
@@ -52,11 +52,11 @@ pub enum MarkerError {
 }
 
 impl Marker {
-    pub fn encode(&self) -> Vec<u8> {
+    pub(crate) fn encode(&self) -> Vec<u8> {
         serde_json::to_vec(self).expect("a marker always serializes")
     }
 
-    pub fn decode(bytes: &[u8]) -> Result<Marker, MarkerError> {
+    pub(crate) fn decode(bytes: &[u8]) -> Result<Marker, MarkerError> {
         let m: Marker = serde_json::from_slice(bytes)?;
         if m.version != MARKER_VERSION {
             return Err(MarkerError::Version { found: m.version });
@@ -66,7 +66,7 @@ impl Marker {
 }
 
 /// The key of an instance's markers: with a compacted marker topic only the newest survives.
-pub fn marker_key(bridge_id: &str, instance: u32) -> String {
+pub(crate) fn marker_key(bridge_id: &str, instance: u32) -> String {
     format!("{bridge_id}/{instance}")
 }
 
@@ -92,7 +92,7 @@ impl std::fmt::Display for Layout {
 /// The marker key of an instance in a layout. Generation 0 keeps the key of builds that predate
 /// layouts, so that their markers are read as generation 0 and an upgrade changes nothing; later
 /// generations name the layout, so that markers of two layouts never share a key.
-pub fn layout_marker_key(bridge_id: &str, layout: Layout, instance: u32) -> String {
+pub(crate) fn layout_marker_key(bridge_id: &str, layout: Layout, instance: u32) -> String {
     if layout.generation == 0 {
         marker_key(bridge_id, instance)
     } else {
@@ -107,7 +107,7 @@ pub fn layout_marker_key(bridge_id: &str, layout: Layout, instance: u32) -> Stri
 /// (`Config::transactional_id`), so that an upgraded process fences the one it replaces. Ids of
 /// different layouts differ, so a new layout's instance never fences its own layout's neighbour
 /// while it fences the previous layout.
-pub fn layout_transactional_id(bridge_id: &str, layout: Layout, instance: u32) -> String {
+pub(crate) fn layout_transactional_id(bridge_id: &str, layout: Layout, instance: u32) -> String {
     if layout.generation == 0 {
         format!("eos-bridge-{bridge_id}-{instance}")
     } else {
@@ -120,7 +120,7 @@ pub fn layout_transactional_id(bridge_id: &str, layout: Layout, instance: u32) -
 
 /// The layout and instance a marker key of `bridge_id` names (None: the key is another bridge's).
 /// A generation-0 key does not name the instance count: the marker's body does.
-pub fn parse_marker_key(bridge_id: &str, key: &str) -> Option<(Option<Layout>, u32)> {
+pub(crate) fn parse_marker_key(bridge_id: &str, key: &str) -> Option<(Option<Layout>, u32)> {
     let rest = key.strip_prefix(bridge_id)?.strip_prefix('/')?;
     match rest.split_once('/') {
         None => Some((None, rest.parse().ok()?)),
@@ -137,7 +137,7 @@ pub fn parse_marker_key(bridge_id: &str, key: &str) -> Option<(Option<Layout>, u
 
 /// A newest committed marker found on the marker topic, with the layout its key names.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct FoundMarker {
+pub(crate) struct FoundMarker {
     pub layout: Layout,
     pub marker: Marker,
 }
@@ -145,7 +145,7 @@ pub struct FoundMarker {
 impl FoundMarker {
     /// An intent marker claims a layout before any of its output: it carries checkpoint id 0 (real
     /// checkpoints start at 1) and no positions.
-    pub fn is_intent(&self) -> bool {
+    pub(crate) fn is_intent(&self) -> bool {
         self.marker.checkpoint_id == 0
     }
 }
@@ -153,16 +153,16 @@ impl FoundMarker {
 /// The marker-topic partition of an instance. Each instance of a bridge writes to a partition of
 /// its own, so one instance's open transaction never holds back the last stable offset that
 /// another instance's recovery reads up to.
-pub fn marker_partition(instance: u32, partitions: i32) -> i32 {
+pub(crate) fn marker_partition(instance: u32, partitions: i32) -> i32 {
     (instance % partitions.max(1) as u32) as i32
 }
 
 /// What the marker read reports while it waits for other producers' transactions to finish.
-pub type MarkerWait<'a> = &'a mut dyn FnMut(Option<&ForeignTransactionWait>);
+pub(crate) type MarkerWait<'a> = &'a mut dyn FnMut(Option<&ForeignTransactionWait>);
 
 /// A marker read held back by a transaction of another producer on the marker partition.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ForeignTransactionWait {
+pub(crate) struct ForeignTransactionWait {
     pub topic: String,
     pub partition: i32,
     pub last_stable_offset: i64,
@@ -270,7 +270,7 @@ fn wait_for_stable_marker_partition(
 /// With `committed = false` it reads everything written, open and aborted transactions included,
 /// without waiting: a guess of the layouts in use, good for choosing the transactional id before
 /// init_transactions, never for positions.
-pub fn read_bridge_markers(
+pub(crate) fn read_bridge_markers(
     s: &SinkSettings,
     partitions: i32,
     committed: bool,

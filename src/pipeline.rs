@@ -61,7 +61,7 @@ const LATENCY_SAMPLE: u64 = 64;
 /// it) before the bridge stops, at start-up and while running.
 const MISSING_TOPIC_WAIT: Duration = Duration::from_secs(30);
 
-pub struct Shared {
+pub(crate) struct Shared {
     pub metrics: Arc<Metrics>,
     pub status: SharedStatus,
     pub shutdown: CancellationToken,
@@ -77,7 +77,7 @@ type SavepointRequest = (
 );
 
 /// Requests from the API, served at epoch boundaries.
-pub enum Command {
+pub(crate) enum Command {
     /// Name the next checkpoint a savepoint; the reply comes once it is committed. With `stop`,
     /// that checkpoint is the last one: the bridge then shuts down as on SIGTERM, so nothing is
     /// committed after the savepoint (the way to move to another layout under live traffic).
@@ -97,11 +97,11 @@ fn now_ms() -> i64 {
 
 /// Headers a dead letter carries besides its own: where it came from, why the sink refused it, and
 /// when (milliseconds since the Unix epoch, as decimal text like the partition and offset).
-pub const HEADER_SOURCE_TOPIC: &str = "eos-bridge.source.topic";
-pub const HEADER_SOURCE_PARTITION: &str = "eos-bridge.source.partition";
-pub const HEADER_SOURCE_OFFSET: &str = "eos-bridge.source.offset";
-pub const HEADER_ERROR: &str = "eos-bridge.error";
-pub const HEADER_ERROR_TIME: &str = "eos-bridge.error.time";
+pub(crate) const HEADER_SOURCE_TOPIC: &str = "eos-bridge.source.topic";
+pub(crate) const HEADER_SOURCE_PARTITION: &str = "eos-bridge.source.partition";
+pub(crate) const HEADER_SOURCE_OFFSET: &str = "eos-bridge.source.offset";
+pub(crate) const HEADER_ERROR: &str = "eos-bridge.error";
+pub(crate) const HEADER_ERROR_TIME: &str = "eos-bridge.error.time";
 
 /// A record the sink refused for good: why, and when it first failed.
 struct BadRecord {
@@ -280,7 +280,7 @@ fn wait_out<T>(
 }
 
 /// Runs the bridge until shutdown or a fatal error.
-pub fn run(
+pub(crate) fn run(
     cfg: Arc<Config>,
     shared: Shared,
     commands: Receiver<Command>,

@@ -21,7 +21,7 @@ use crate::positions::Positions;
 use crate::source::owns;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum RecoveryOutcome {
+pub(crate) enum RecoveryOutcome {
     /// Nothing was ever committed: start from the configured start position.
     Fresh,
     /// Resume from a checkpoint whose commit is proven; nothing uncommitted was found.
@@ -35,7 +35,7 @@ pub enum RecoveryOutcome {
 }
 
 impl RecoveryOutcome {
-    pub const ALL: [RecoveryOutcome; 5] = [
+    pub(crate) const ALL: [RecoveryOutcome; 5] = [
         RecoveryOutcome::Fresh,
         RecoveryOutcome::Committed,
         RecoveryOutcome::RolledBack,
@@ -44,7 +44,7 @@ impl RecoveryOutcome {
     ];
 
     /// The value of the `outcome` label of the recoveries metric.
-    pub fn as_str(&self) -> &'static str {
+    pub(crate) fn as_str(&self) -> &'static str {
         match self {
             RecoveryOutcome::Fresh => "fresh",
             RecoveryOutcome::Committed => "committed",
@@ -56,7 +56,7 @@ impl RecoveryOutcome {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Decision {
+pub(crate) struct Decision {
     pub outcome: RecoveryOutcome,
     /// Where to start; None means "no committed state: use the configured start position".
     pub positions: Option<Positions>,
@@ -101,7 +101,7 @@ pub enum RecoveryError {
 /// layout. It is the one judge of whether a checkpoint, a commit marker or kept start positions
 /// are this process's own.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Slot<'a> {
+pub(crate) struct Slot<'a> {
     pub bridge_id: &'a str,
     pub instance: u32,
     pub instances: u32,
@@ -109,15 +109,15 @@ pub struct Slot<'a> {
 
 impl Slot<'_> {
     /// Whether state written by `bridge_id` instance `instance` of `instances` is this slot's.
-    pub fn is(&self, bridge_id: &str, instance: u32, instances: u32) -> bool {
+    pub(crate) fn is(&self, bridge_id: &str, instance: u32, instances: u32) -> bool {
         (bridge_id, instance, instances) == (self.bridge_id, self.instance, self.instances)
     }
 
-    pub fn owns_checkpoint(&self, c: &Checkpoint) -> bool {
+    pub(crate) fn owns_checkpoint(&self, c: &Checkpoint) -> bool {
         self.is(&c.bridge_id, c.instance, c.instances)
     }
 
-    pub fn owns_marker(&self, m: &Marker) -> bool {
+    pub(crate) fn owns_marker(&self, m: &Marker) -> bool {
         self.is(&m.bridge_id, m.instance, m.instances)
     }
 
@@ -144,7 +144,7 @@ impl Slot<'_> {
 
 /// Decides where to resume. `checkpoints` are the decodable checkpoints of the state directory in
 /// any order; `marker` is this instance's newest committed marker, if the marker topic has one.
-pub fn decide(
+pub(crate) fn decide(
     bridge_id: &str,
     instance: u32,
     instances: u32,
@@ -329,7 +329,7 @@ pub fn decide(
 
 /// What an instance does about layouts at start-up (docs/design.md, "Rescaling").
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum LayoutPlan {
+pub(crate) enum LayoutPlan {
     /// The instance has committed in its layout before: recover from its own newest marker
     /// (`decide`); None only for a bridge with no marker at all.
     Resume { layout: Layout, own: Option<Marker> },
@@ -349,7 +349,7 @@ pub enum LayoutPlan {
 }
 
 impl LayoutPlan {
-    pub fn layout(&self) -> Layout {
+    pub(crate) fn layout(&self) -> Layout {
         match self {
             LayoutPlan::Resume { layout, .. } | LayoutPlan::TakeOver { layout, .. } => *layout,
         }
@@ -387,7 +387,7 @@ pub enum LayoutError {
 /// (5) the position of a partition is the one in the newest (layout, checkpoint id) real marker
 /// of a lower layout that holds it, and the owners of our partitions in every lower layout found
 /// are fenced.
-pub fn plan_layout(
+pub(crate) fn plan_layout(
     bridge_id: &str,
     instance: u32,
     instances: u32,

@@ -30,14 +30,14 @@ use crate::marker::Marker;
 /// Where an output record came from; carried through librdkafka so that a failed delivery names
 /// its source record. The commit marker carries the marker topic's partition and offset -1.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub struct SourceRef {
+pub(crate) struct SourceRef {
     pub topic: Arc<str>,
     pub partition: i32,
     pub offset: i64,
 }
 
 #[derive(Clone, Debug)]
-pub struct DeliveryFailure {
+pub(crate) struct DeliveryFailure {
     pub source: SourceRef,
     pub code: Option<RDKafkaErrorCode>,
     pub reason: String,
@@ -56,7 +56,7 @@ fn size_error(code: Option<RDKafkaErrorCode>) -> bool {
 }
 
 /// Errors a record fails with however often it is sent: the record itself is bad.
-pub fn is_permanent_record_error(code: Option<RDKafkaErrorCode>) -> bool {
+pub(crate) fn is_permanent_record_error(code: Option<RDKafkaErrorCode>) -> bool {
     matches!(
         code,
         Some(
@@ -109,7 +109,7 @@ const SETTLE_GRACE: Duration = Duration::from_millis(500);
 const REPORT_WAIT: Duration = Duration::from_millis(2);
 
 #[derive(Default)]
-pub struct SinkContext {
+pub(crate) struct SinkContext {
     failed: AtomicBool,
     first_failure: Mutex<Option<DeliveryFailure>>,
     /// Key and payload bytes handed to librdkafka whose delivery report has not arrived.
@@ -228,7 +228,7 @@ impl ProducerContext for SinkContext {
 
 /// The in-flight limit never goes below this (nor above the configured cap): a few batches, so
 /// that a throttled sink still gets full requests.
-pub const MIN_IN_FLIGHT_LIMIT: u64 = 64 * 1024;
+pub(crate) const MIN_IN_FLIGHT_LIMIT: u64 = 64 * 1024;
 /// A flush that delivered less than this in less than its budget measured the sink's latency, not
 /// its rate: it leaves the limit alone.
 const RATE_SAMPLE_MIN_BYTES: u64 = 64 * 1024;
@@ -241,7 +241,7 @@ const RATE_SAMPLE_MIN_BYTES: u64 = 64 * 1024;
 /// a slow flush (or a timed-out one) sets the limit from it at once, a fast flush that delivered
 /// a fair amount lets it grow, at most twofold per checkpoint.
 #[derive(Clone, Copy, Debug, PartialEq)]
-pub struct InFlightLimit {
+pub(crate) struct InFlightLimit {
     limit: u64,
     floor: u64,
     cap: u64,
@@ -251,7 +251,7 @@ pub struct InFlightLimit {
 
 impl InFlightLimit {
     /// Starts at the cap: until a flush says otherwise, the sink is taken to be fast.
-    pub fn new(cap: u64, checkpoint_timeout: Duration) -> InFlightLimit {
+    pub(crate) fn new(cap: u64, checkpoint_timeout: Duration) -> InFlightLimit {
         let cap = cap.max(1);
         InFlightLimit {
             limit: cap,
@@ -261,7 +261,7 @@ impl InFlightLimit {
         }
     }
 
-    pub fn bytes(&self) -> u64 {
+    pub(crate) fn bytes(&self) -> u64 {
         self.limit
     }
 
@@ -272,7 +272,7 @@ impl InFlightLimit {
     }
 
     /// A flush delivered `delivered` bytes in `took`.
-    pub fn flushed(&mut self, delivered: u64, took: Duration) {
+    pub(crate) fn flushed(&mut self, delivered: u64, took: Duration) {
         let fits = self.fits_budget(delivered, took);
         if took > self.budget {
             // The sink was busy the whole flush: its rate is what was measured.
@@ -284,7 +284,7 @@ impl InFlightLimit {
     }
 
     /// A flush timed out after delivering `delivered` bytes in `took`: at least halve the limit.
-    pub fn timed_out(&mut self, delivered: u64, took: Duration) {
+    pub(crate) fn timed_out(&mut self, delivered: u64, took: Duration) {
         let fits = self.fits_budget(delivered, took);
         self.limit = fits.min(self.limit / 2).clamp(self.floor, self.cap);
     }
@@ -295,7 +295,7 @@ type Refused<'r, K, P> = (KafkaError, BaseRecord<'r, K, P, Box<SourceRef>>);
 
 /// How the sink writes: in transactions (exactly-once) or with a plain idempotent producer.
 #[derive(Clone, Debug)]
-pub struct SinkSettings {
+pub(crate) struct SinkSettings {
     pub bootstrap_servers: String,
     pub kafka: Vec<(String, String)>,
     /// Some for exactly-once.
@@ -321,7 +321,7 @@ enum TxnState {
     Flushed(Instant),
 }
 
-pub struct Sink {
+pub(crate) struct Sink {
     settings: SinkSettings,
     producer: ThreadedProducer<SinkContext>,
     state: TxnState,
@@ -336,7 +336,7 @@ const DEFAULT_BATCH_SIZE: usize = 1_000_000;
 /// broker refuses a whole batch above it, and librdkafka does not split batches. librdkafka counts
 /// batch.size before compression but with the protocol's framing; what is left over (a sixteenth,
 /// at most 16 KiB) covers what compressing incompressible records adds, a few bytes per block.
-pub fn batch_size_within(max_message_bytes: i64) -> usize {
+pub(crate) fn batch_size_within(max_message_bytes: i64) -> usize {
     let limit = usize::try_from(max_message_bytes).unwrap_or(0);
     (limit - (limit / 16).min(16 * 1024)).max(1)
 }
@@ -382,7 +382,7 @@ impl Sink {
     /// Builds the producer and, for exactly-once, initialises transactions: this fences any older
     /// producer with our transactional id and has the coordinator finish or abort whatever it left
     /// open. Retriable failures are retried until `deadline`.
-    pub fn connect(settings: SinkSettings, deadline: Duration) -> Result<Sink> {
+    pub(crate) fn connect(settings: SinkSettings, deadline: Duration) -> Result<Sink> {
         let producer = build_producer(&settings, None)?;
         let sink = Sink {
             settings,
@@ -394,11 +394,11 @@ impl Sink {
         Ok(sink)
     }
 
-    pub fn settings(&self) -> &SinkSettings {
+    pub(crate) fn settings(&self) -> &SinkSettings {
         &self.settings
     }
 
-    pub fn is_transactional(&self) -> bool {
+    pub(crate) fn is_transactional(&self) -> bool {
         self.settings.transactional_id.is_some()
     }
 
@@ -431,7 +431,7 @@ impl Sink {
     }
 
     /// Drops the producer and builds a new one: the way out of a fatal producer error.
-    pub fn rebuild(&mut self, deadline: Duration) -> Result<()> {
+    pub(crate) fn rebuild(&mut self, deadline: Duration) -> Result<()> {
         warn!(transactional_id = %self.transactional_id(), "rebuilding the sink producer");
         self.replace_producer(deadline)
     }
@@ -447,7 +447,7 @@ impl Sink {
     /// Keeps every batch within a sink topic's max.message.bytes, so that no innocent record is
     /// refused with a batch that grew too large. A lower limit than any seen so far rebuilds the
     /// producer: only call it with no transaction open.
-    pub fn cap_batch_size(
+    pub(crate) fn cap_batch_size(
         &mut self,
         topic: &str,
         max_message_bytes: i64,
@@ -474,7 +474,7 @@ impl Sink {
     }
 
     /// Age of the open transaction, if one is open.
-    pub fn transaction_age(&self) -> Option<Duration> {
+    pub(crate) fn transaction_age(&self) -> Option<Duration> {
         match self.state {
             TxnState::Ready => None,
             TxnState::Open(t) | TxnState::Flushed(t) => Some(t.elapsed()),
@@ -519,7 +519,7 @@ impl Sink {
     }
 
     /// Turns an error whose action is Rebuild into Fenced when another live producer fenced us.
-    pub fn classify(&self, err: BridgeError) -> BridgeError {
+    pub(crate) fn classify(&self, err: BridgeError) -> BridgeError {
         match err {
             BridgeError::Kafka { op, source } => self.fenced_or(source, op),
             BridgeError::Delivery { code, .. }
@@ -540,7 +540,7 @@ impl Sink {
         }
     }
 
-    pub fn begin(&mut self) -> Result<()> {
+    pub(crate) fn begin(&mut self) -> Result<()> {
         debug_assert_eq!(self.state, TxnState::Ready, "begin with a transaction open");
         // A failure from an earlier transaction must not leak into this one.
         self.producer.context().take_failure();
@@ -558,7 +558,7 @@ impl Sink {
     /// reported with its source; one refused because the transaction already failed is not to
     /// blame, and the record that failed first is reported instead.
     #[allow(clippy::too_many_arguments)]
-    pub fn send(
+    pub(crate) fn send(
         &mut self,
         topic: &str,
         partition: i32,
@@ -633,7 +633,7 @@ impl Sink {
     }
 
     /// Makes librdkafka learn a topic's current partitions (after the pipeline added some).
-    pub fn refresh_metadata(&self, topic: &str) {
+    pub(crate) fn refresh_metadata(&self, topic: &str) {
         if let Err(e) = self
             .producer
             .client()
@@ -677,19 +677,19 @@ impl Sink {
     }
 
     /// Key and payload bytes handed to the producer and not yet acknowledged (or failed).
-    pub fn in_flight_bytes(&self) -> u64 {
+    pub(crate) fn in_flight_bytes(&self) -> u64 {
         self.producer.context().in_flight_bytes()
     }
 
     /// Bytes whose delivery report arrived since the producer was built; only differences of it
     /// mean anything.
-    pub fn reported_bytes(&self) -> u64 {
+    pub(crate) fn reported_bytes(&self) -> u64 {
         self.producer.context().reported_bytes()
     }
 
     /// Waits until fewer than `limit` bytes are in flight, or `until` passes; says whether the
     /// bytes in flight are below the limit. Woken by each delivery report, not by polling.
-    pub fn wait_in_flight_below(&self, limit: u64, until: Instant) -> bool {
+    pub(crate) fn wait_in_flight_below(&self, limit: u64, until: Instant) -> bool {
         let ctx = self.producer.context();
         loop {
             if ctx.in_flight_bytes() < limit {
@@ -710,7 +710,7 @@ impl Sink {
     }
 
     /// Queues the commit marker M(N) into the open transaction.
-    pub fn send_marker(&mut self, marker: &Marker) -> Result<()> {
+    pub(crate) fn send_marker(&mut self, marker: &Marker) -> Result<()> {
         let key = self.settings.marker_key.clone();
         let payload = marker.encode();
         let me = Box::new(SourceRef {
@@ -774,7 +774,7 @@ impl Sink {
 
     /// Waits until every record of the open transaction is acknowledged; any delivery error
     /// (reported with its source record) fails the checkpoint.
-    pub fn flush(&mut self, timeout: Duration) -> Result<()> {
+    pub(crate) fn flush(&mut self, timeout: Duration) -> Result<()> {
         let began = match self.state {
             TxnState::Open(t) | TxnState::Flushed(t) => t,
             TxnState::Ready => Instant::now(),
@@ -790,7 +790,7 @@ impl Sink {
 
     /// Commits the open transaction, retrying retriable failures until `deadline` passes. The
     /// caller has made the pending checkpoint durable before this call.
-    pub fn commit(&mut self, deadline: Instant) -> Result<()> {
+    pub(crate) fn commit(&mut self, deadline: Instant) -> Result<()> {
         if !self.is_transactional() {
             self.state = TxnState::Ready;
             return Ok(());
@@ -827,7 +827,7 @@ impl Sink {
 
     /// Aborts the open transaction (a no-op without one, or without transactions). Records not
     /// yet delivered are purged by librdkafka.
-    pub fn abort(&mut self, timeout: Duration) -> Result<()> {
+    pub(crate) fn abort(&mut self, timeout: Duration) -> Result<()> {
         if self.state == TxnState::Ready {
             return Ok(());
         }
@@ -870,7 +870,7 @@ fn classify_kafka_err(e: &BridgeError) -> Action {
 
 /// Fences a transactional id: init_transactions under it aborts the transaction its producer
 /// left open and makes that producer's next transactional call fail with a fencing error.
-pub fn fence(s: &SinkSettings, transactional_id: &str, deadline: Duration) -> Result<()> {
+pub(crate) fn fence(s: &SinkSettings, transactional_id: &str, deadline: Duration) -> Result<()> {
     let settings = SinkSettings {
         transactional_id: Some(transactional_id.to_string()),
         ..s.clone()
@@ -886,7 +886,7 @@ pub fn fence(s: &SinkSettings, transactional_id: &str, deadline: Duration) -> Re
 
 /// librdkafka properties that configure the connection (security, timeouts), not the producer:
 /// the marker reader and the admin client take these from [sink.kafka].
-pub fn is_client_wide(key: &str) -> bool {
+pub(crate) fn is_client_wide(key: &str) -> bool {
     key.starts_with("security.")
         || key.starts_with("ssl.")
         || key.starts_with("sasl.")
