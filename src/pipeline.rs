@@ -25,19 +25,19 @@ use tracing::{error, info, warn};
 use crate::admin::Admin;
 use crate::check;
 use crate::checkpoint::{Checkpoint, CheckpointState, CheckpointStore};
-use crate::config::{Config, OnBadRecord, OutOfRange, Partitioning, StartPosition};
+use crate::config::{Config, OnBadRecord, Partitioning, StartPosition};
 use crate::error::{Action, BadRecordStop, BridgeError, Result};
 use crate::failpoint;
 use crate::identity::{self, Identity};
 use crate::marker::{
     layout_marker_key, layout_transactional_id, marker_partition, read_bridge_markers, Layout,
-    Marker, MARKER_VERSION,
+    Marker,
 };
 use crate::metrics::Metrics;
 use crate::positions::Positions;
-use crate::recovery::{decide, plan_layout, Decision, LayoutPlan, RecoveryOutcome, Slot};
-use crate::savepoint::{Restore, Savepoint, RESTORED_PREFIX};
-use crate::sink::{fence, is_permanent_record_error, InFlightLimit, Sink, SinkSettings, SourceRef};
+use crate::recovery::plan_layout;
+use crate::savepoint::{Restore, Savepoint};
+use crate::sink::{is_permanent_record_error, InFlightLimit, Sink, SinkSettings, SourceRef};
 use crate::source::Source;
 use crate::status::{self, PartitionStatus, RunState, SharedStatus};
 use crate::transform::Router;

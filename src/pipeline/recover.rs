@@ -3,7 +3,23 @@
 //! agree, and assign the source at the start positions (docs/design.md, "Recovery" and
 //! "Layouts"). Whose state is whose is judged by `recovery::Slot` alone.
 
-use super::*;
+use std::collections::BTreeSet;
+use std::time::{Duration, Instant};
+
+use tracing::{error, info, warn};
+
+use super::{now_ms, Pipeline, CONNECT_DEADLINE};
+use crate::checkpoint::{Checkpoint, CheckpointState};
+use crate::config::{OutOfRange, StartPosition};
+use crate::error::{BridgeError, Result};
+use crate::failpoint;
+use crate::identity::Identity;
+use crate::marker::{layout_transactional_id, read_bridge_markers, Layout, Marker, MARKER_VERSION};
+use crate::positions::Positions;
+use crate::recovery::{decide, plan_layout, Decision, LayoutPlan, RecoveryOutcome, Slot};
+use crate::savepoint::{Restore, RESTORED_PREFIX};
+use crate::sink::fence;
+use crate::status::{self, RunState};
 
 impl Pipeline<'_> {
     /// The instance slot this process runs as: the judge of whose state it finds.
