@@ -791,7 +791,7 @@ impl<'a> Pipeline<'a> {
             instance: cfg.bridge.instance,
             instances: cfg.bridge.instances,
             state: CheckpointState::Committed,
-            positions: read.positions.clone(),
+            positions: read.positions,
             // One time for the checkpoint, its marker and its savepoint reply.
             created_ms: now_ms(),
             savepoint: savepoint_name,
