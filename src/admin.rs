@@ -34,6 +34,12 @@ pub struct Admin {
     replication_factor: i32,
 }
 
+impl std::fmt::Debug for Admin {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Admin").finish_non_exhaustive()
+    }
+}
+
 impl Admin {
     pub fn new(bootstrap: &str, kafka: &[(String, String)]) -> Result<Admin> {
         let mut cc = ClientConfig::new();
@@ -78,7 +84,7 @@ impl Admin {
                     ))
                 }
                 Err(code) => {
-                    return Err(BridgeError::Setup(format!(
+                    return Err(BridgeError::SinkConfigUnreadable(format!(
                         "describing the configuration of topic '{topic}' failed: {code:?}; grant the bridge \
                          DescribeConfigs on it"
                     )))
@@ -123,7 +129,9 @@ impl Admin {
         let broker = md
             .brokers()
             .first()
-            .ok_or_else(|| BridgeError::Setup("the sink cluster reported no brokers".into()))?
+            .ok_or_else(|| {
+                BridgeError::SinkConfigUnreadable("the sink cluster reported no brokers".into())
+            })?
             .id();
         let results = self
             .client
@@ -132,7 +140,7 @@ impl Admin {
             .map_err(|e| BridgeError::kafka("describe sink broker configs", e))?;
         for r in results {
             let resource = r.map_err(|code| {
-                BridgeError::Setup(format!(
+                BridgeError::SinkConfigUnreadable(format!(
                     "describing the sink broker's configuration failed: {code:?}; grant DescribeConfigs on the cluster"
                 ))
             })?;
@@ -141,13 +149,13 @@ impl Admin {
                 .and_then(|e| e.value.clone())
             {
                 return v.parse().map_err(|_| {
-                    BridgeError::Setup(format!(
+                    BridgeError::SinkConfigUnreadable(format!(
                         "the sink broker's transaction.max.timeout.ms is not a number: {v}"
                     ))
                 });
             }
         }
-        Err(BridgeError::Setup(
+        Err(BridgeError::SinkConfigUnreadable(
             "the sink broker did not report transaction.max.timeout.ms; grant DescribeConfigs on the cluster".into(),
         ))
     }
@@ -161,7 +169,7 @@ impl Admin {
             .map_err(|e| BridgeError::kafka("describe sink topic configs", e))?;
         for r in results {
             let resource = r.map_err(|code| {
-                BridgeError::Setup(format!(
+                BridgeError::SinkConfigUnreadable(format!(
                     "describing the configuration of sink topic '{topic}' failed: {code:?}; grant the bridge \
                      DescribeConfigs on it"
                 ))
@@ -171,13 +179,13 @@ impl Admin {
                 .and_then(|e| e.value.clone())
             {
                 return v.parse().map_err(|_| {
-                    BridgeError::Setup(format!(
+                    BridgeError::SinkConfigUnreadable(format!(
                         "sink topic '{topic}' has a max.message.bytes that is not a number: {v}"
                     ))
                 });
             }
         }
-        Err(BridgeError::Setup(format!(
+        Err(BridgeError::SinkConfigUnreadable(format!(
             "sink topic '{topic}' did not report max.message.bytes; grant the bridge DescribeConfigs on it"
         )))
     }
@@ -233,7 +241,7 @@ impl Admin {
                     return Err(BridgeError::kafka("create topic", KafkaError::AdminOp(code)))
                 }
                 Err((t, code)) => {
-                    return Err(BridgeError::Setup(format!(
+                    return Err(BridgeError::TopicAdmin(format!(
                         "could not create topic '{t}' on the sink cluster: {code:?}; create it yourself or grant \
                          the bridge Create on it"
                     )))
@@ -261,7 +269,7 @@ impl Admin {
                         return Ok(());
                     }
                 }
-                return Err(BridgeError::Setup(format!(
+                return Err(BridgeError::TopicAdmin(format!(
                     "adding partitions to '{t}' (to {total}) failed: {code:?}; add them yourself or \
                      grant the bridge Alter on the topic"
                 )));
@@ -303,7 +311,7 @@ impl Admin {
                             return Ok(now);
                         }
                     }
-                    return Err(BridgeError::Setup(format!(
+                    return Err(BridgeError::TopicAdmin(format!(
                         "marker topic '{topic}' has {n} partitions but {want} instances need one each: {e}"
                     )));
                 }

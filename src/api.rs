@@ -26,7 +26,7 @@ use crate::savepoint::{valid_name, Savepoint};
 use crate::status::{snapshot, RunState, SharedStatus};
 
 #[derive(Clone)]
-pub struct ApiState {
+pub(crate) struct ApiState {
     pub metrics: Arc<Metrics>,
     pub status: SharedStatus,
     /// A checkpoint older than this makes the bridge unready.
@@ -40,7 +40,7 @@ pub struct ApiState {
     pub savepoint_wait: Duration,
 }
 
-pub fn router(state: ApiState) -> Router {
+pub(crate) fn router(state: ApiState) -> Router {
     Router::new()
         .route("/health/live", get(live))
         .route("/health/ready", get(ready))
@@ -57,7 +57,7 @@ pub fn router(state: ApiState) -> Router {
 
 /// The TLS settings of `[api] tls_cert` and `tls_key`, read once at start. Errors name the
 /// setting and the file; they never quote a line of it, as the key file is a secret.
-pub fn tls_config(
+pub(crate) fn tls_config(
     cert: &std::path::Path,
     key: &std::path::Path,
 ) -> Result<Arc<rustls::ServerConfig>, ConfigError> {
@@ -126,7 +126,7 @@ async fn live(State(s): State<ApiState>) -> Response {
 }
 
 /// Why the bridge is not ready; empty when it is.
-pub fn unready_reasons(st: &crate::status::Status, max_age: Duration) -> Vec<String> {
+pub(crate) fn unready_reasons(st: &crate::status::Status, max_age: Duration) -> Vec<String> {
     let mut reasons = Vec::new();
     if !st.transactions_ready {
         reasons.push("transactions are not initialised".to_string());

@@ -1,13 +1,44 @@
 //! `eos-bridge check`: everything start-up would verify, without starting. Each finding is a row
-//! with its status and, when it fails, the fix.
+//! with its status and, when it fails, the fix. The checks against the clusters are the
+//! functions here that `run` calls at start-up too.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
 
 use crate::admin::Admin;
-use crate::config::{Config, Delivery};
+use crate::config::{Config, ConfigErrors, Delivery};
+use crate::error::{BridgeError, Result};
 use crate::mirror::{self, Severity};
 use crate::source::Source;
+
+/// The `[sink.kafka]` settings as librdkafka takes them.
+pub(crate) fn sink_kafka(cfg: &Config) -> Vec<(String, String)> {
+    cfg.sink
+        .kafka
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
+/// The admin client of the sink cluster, with the client-wide settings of `[sink.kafka]`.
+pub(crate) fn sink_admin(cfg: &Config) -> Result<Admin> {
+    Admin::new(&cfg.sink.bootstrap_servers, &sink_kafka(cfg))
+        .map(|a| a.with_replication_factor(cfg.sink.replication_factor))
+}
+
+/// The timeout rule against the sink brokers (exactly-once): reads their
+/// transaction.max.timeout.ms and returns it when the configuration keeps within it. A violation
+/// is a configuration error; failing to read it is the admin call's own error.
+pub(crate) fn broker_timeout_rule(
+    cfg: &Config,
+    admin: &Admin,
+    runtime: &tokio::runtime::Handle,
+) -> Result<i64> {
+    let max = runtime.block_on(admin.transaction_max_timeout_ms())?;
+    cfg.check_broker_timeout(max)
+        .map_err(|e| BridgeError::Config(ConfigErrors(vec![e])))?;
+    Ok(max)
+}
 
 #[derive(Debug)]
 pub struct Finding {
@@ -88,14 +119,8 @@ pub fn run(cfg: &Config, runtime: &tokio::runtime::Runtime) -> Vec<Finding> {
         )),
     }
 
-    let kafka: Vec<(String, String)> = cfg
-        .sink
-        .kafka
-        .iter()
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .collect();
-    let admin = match Admin::new(&cfg.sink.bootstrap_servers, &kafka) {
-        Ok(a) => a.with_replication_factor(cfg.sink.replication_factor),
+    let admin = match sink_admin(cfg) {
+        Ok(a) => a,
         Err(e) => {
             out.push(fail(
                 "sink cluster",
@@ -138,9 +163,8 @@ pub fn run(cfg: &Config, runtime: &tokio::runtime::Runtime) -> Vec<Finding> {
     }
 
     if cfg.bridge.delivery == Delivery::ExactlyOnce {
-        match runtime.block_on(admin.transaction_max_timeout_ms()) {
-            Ok(max) => match cfg.check_broker_timeout(max) {
-                Ok(()) => out.push(pass(
+        match broker_timeout_rule(cfg, &admin, runtime.handle()) {
+            Ok(max) => out.push(pass(
                     "timeout rule",
                     format!(
                         "checkpoint.interval {:?} + checkpoint.timeout {:?} < transaction.timeout {:?} <= broker \
@@ -149,10 +173,13 @@ pub fn run(cfg: &Config, runtime: &tokio::runtime::Runtime) -> Vec<Finding> {
                         cfg.checkpoint.timeout,
                         cfg.transaction.timeout,
                         Duration::from_millis(max as u64).as_millis()
-                    ),
-                )),
-                Err(e) => out.push(fail("timeout rule", e.message.clone(), "see the message")),
-            },
+                ),
+            )),
+            Err(BridgeError::Config(ConfigErrors(errors))) => {
+                for e in errors {
+                    out.push(fail("timeout rule", e.message, "see the message"));
+                }
+            }
             Err(e) => out.push(fail(
                 "broker transaction.max.timeout.ms",
                 e.to_string(),

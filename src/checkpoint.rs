@@ -128,7 +128,7 @@ pub fn decode(bytes: &[u8]) -> Result<Checkpoint, CodecError> {
 
 /// The sled key of a checkpoint id (see the module header for why this scheme).
 pub fn checkpoint_key(id: u64) -> String {
-    format!("{KEY_PREFIX}{id:0width$}", width = KEY_ID_DIGITS)
+    format!("{KEY_PREFIX}{id:0KEY_ID_DIGITS$}")
 }
 
 fn id_from_key(key: &str) -> Option<u64> {
@@ -236,6 +236,16 @@ pub struct CheckpointStore {
     retain: usize,
     db: sled::Db,
     durable: Mutex<DurableFiles>,
+}
+
+/// Shows its directory only: the database's content is what `load` is for.
+impl std::fmt::Debug for CheckpointStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CheckpointStore")
+            .field("dir", &self.dir)
+            .field("retain", &self.retain)
+            .finish_non_exhaustive()
+    }
 }
 
 impl CheckpointStore {

@@ -27,7 +27,7 @@ pub fn run(cfg: Arc<Config>, restore: Option<Restore>) -> Result<()> {
         .thread_name("eos-bridge-rt")
         .enable_all()
         .build()
-        .map_err(|e| BridgeError::Setup(format!("cannot start the async runtime: {e}")))?;
+        .map_err(|e| BridgeError::Runtime(format!("cannot start the async runtime: {e}")))?;
     let result = runtime.block_on(serve(cfg, restore));
     // The pipeline thread may still hold blocking calls after a forced exit; do not wait on them.
     runtime.shutdown_timeout(Duration::from_millis(100));
@@ -62,11 +62,9 @@ async fn serve(cfg: Arc<Config>, restore: Option<Restore>) -> Result<()> {
     };
     let listener = tokio::net::TcpListener::bind(cfg.api.listen)
         .await
-        .map_err(|e| {
-            BridgeError::Setup(format!(
-                "api.listen: cannot listen on {}: {e}; choose a free address in [api] listen",
-                cfg.api.listen
-            ))
+        .map_err(|e| BridgeError::ApiListen {
+            listen: cfg.api.listen.to_string(),
+            reason: e.to_string(),
         })?;
     info!(listen = %cfg.api.listen, tls = tls.is_some(), "HTTP API listening");
     let app = api::router(ApiState {
@@ -114,7 +112,7 @@ async fn serve(cfg: Arc<Config>, restore: Option<Restore>) -> Result<()> {
             let r = pipeline::run(pipeline_cfg, shared, command_rx, restore);
             let _ = done_tx.send(r);
         })
-        .map_err(|e| BridgeError::Setup(format!("cannot start the pipeline thread: {e}")))?;
+        .map_err(|e| BridgeError::Runtime(format!("cannot start the pipeline thread: {e}")))?;
 
     let mut done_rx = done_rx;
     tokio::select! {
@@ -134,7 +132,7 @@ async fn serve(cfg: Arc<Config>, restore: Option<Restore>) -> Result<()> {
     info!(timeout = ?drain, "shutdown requested: finishing the current checkpoint");
     match tokio::time::timeout(drain, done_rx).await {
         Ok(r) => flatten(r),
-        Err(_) => Err(BridgeError::Setup(format!(
+        Err(_) => Err(BridgeError::ShutdownIncomplete(format!(
             "the final checkpoint did not finish within shutdown.timeout ({drain:?}); exiting anyway: nothing is \
              lost, the next start recovers from the last committed checkpoint"
         ))),
@@ -163,7 +161,7 @@ async fn serve_tls(
 
 fn flatten(r: std::result::Result<Result<()>, oneshot::error::RecvError>) -> Result<()> {
     r.unwrap_or_else(|_| {
-        Err(BridgeError::Setup(
+        Err(BridgeError::Runtime(
             "the pipeline thread ended without a result".into(),
         ))
     })

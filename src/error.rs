@@ -173,8 +173,43 @@ pub enum BridgeError {
     #[error("sink topics unfit for their source topics: {breaches}")]
     SinkTopicUnfit { breaches: String },
 
+    /// The sink cluster's or a sink topic's configuration could not be read (DescribeConfigs).
     #[error("{0}")]
-    Setup(String),
+    SinkConfigUnreadable(String),
+
+    /// A topic the bridge needs could not be created or grown on the sink cluster.
+    #[error("{0}")]
+    TopicAdmin(String),
+
+    /// `source.topic_pattern` is not a regular expression.
+    #[error("{0}")]
+    InvalidTopicPattern(String),
+
+    /// The HTTP API's address cannot be bound.
+    #[error(
+        "api.listen: cannot listen on {listen}: {reason}; choose a free address in [api] listen"
+    )]
+    ApiListen { listen: String, reason: String },
+
+    /// A savepoint file given to `run --from-savepoint` cannot be read.
+    #[error("{0}")]
+    SavepointFile(String),
+
+    /// `run --from-savepoint` cannot restore into this state directory or layout.
+    #[error("{0}")]
+    Restore(String),
+
+    /// The process could not start or keep a thread or runtime of its own.
+    #[error("{0}")]
+    Runtime(String),
+
+    /// A shutdown that could not finish its final checkpoint; nothing is lost.
+    #[error("{0}")]
+    ShutdownIncomplete(String),
+
+    /// `offsets translate` cannot translate or apply (the mapping or the group says why).
+    #[error("{0}")]
+    Translate(String),
 }
 
 /// A record the sink refuses for good (too large for the sink topic, invalid), with
@@ -229,7 +264,15 @@ impl BridgeError {
             | BridgeError::SourceTopicsMissing { .. }
             | BridgeError::IdentityChanged(_)
             | BridgeError::SinkTopicUnfit { .. }
-            | BridgeError::Setup(_) => Action::Stop,
+            | BridgeError::SinkConfigUnreadable(_)
+            | BridgeError::TopicAdmin(_)
+            | BridgeError::InvalidTopicPattern(_)
+            | BridgeError::ApiListen { .. }
+            | BridgeError::SavepointFile(_)
+            | BridgeError::Restore(_)
+            | BridgeError::Runtime(_)
+            | BridgeError::ShutdownIncomplete(_)
+            | BridgeError::Translate(_) => Action::Stop,
         }
     }
 
@@ -272,9 +315,9 @@ impl BridgeError {
     /// A short label for metrics and logs.
     pub fn reason(&self) -> &'static str {
         match self {
-            BridgeError::Kafka { .. } | BridgeError::MarkerRead { .. } => "kafka_error",
-            BridgeError::SourceTopicsUnavailable { .. } => "kafka_error",
-            BridgeError::SourceTopicsMissing { .. } => "setup",
+            BridgeError::Kafka { .. }
+            | BridgeError::MarkerRead { .. }
+            | BridgeError::SourceTopicsUnavailable { .. } => "kafka_error",
             BridgeError::Delivery { .. } => "delivery_error",
             BridgeError::CheckpointTimeout { .. } => "checkpoint_timeout",
             BridgeError::Fenced { .. } => "fenced",
@@ -291,17 +334,36 @@ impl BridgeError {
             BridgeError::MarkerTopicShared { .. } => "marker_topic_shared",
             BridgeError::MarkerPartitionUnstable { .. } => "marker_partition_unstable",
             BridgeError::SinkTopicUnfit { .. } => "sink_topic_unfit",
-            BridgeError::Setup(_) => "setup",
+            // One label for the stops outside an epoch, as before they had types of their own.
+            BridgeError::SourceTopicsMissing { .. }
+            | BridgeError::SinkConfigUnreadable(_)
+            | BridgeError::TopicAdmin(_)
+            | BridgeError::InvalidTopicPattern(_)
+            | BridgeError::ApiListen { .. }
+            | BridgeError::SavepointFile(_)
+            | BridgeError::Restore(_)
+            | BridgeError::Runtime(_)
+            | BridgeError::ShutdownIncomplete(_)
+            | BridgeError::Translate(_) => "setup",
         }
     }
 
     /// The process's exit code when this error stops the bridge: 2 for a configuration that can
-    /// never work (fix the file or the environment), 1 for everything else.
+    /// never work (fix the file or the environment), 1 for everything else. A graceful stop
+    /// exits 0 (`exit_code_of`).
     pub fn exit_code(&self) -> u8 {
         match self {
-            BridgeError::Config(_) | BridgeError::SinkTopicUnfit { .. } => 2,
+            BridgeError::Config(_)
+            | BridgeError::InvalidTopicPattern(_)
+            | BridgeError::SavepointFile(_)
+            | BridgeError::SinkTopicUnfit { .. } => 2,
             _ => 1,
         }
+    }
+
+    /// The exit code of a run's outcome: 0 after a graceful stop, else the error's.
+    pub fn exit_code_of(result: &Result<()>) -> u8 {
+        result.as_ref().err().map_or(0, BridgeError::exit_code)
     }
 
     /// The broker's error code, where there is one.
@@ -469,7 +531,7 @@ mod tests {
                 "create admin client",
                 KafkaError::ClientCreation("bad property".into()),
             ),
-            BridgeError::Setup("x".into()),
+            BridgeError::Runtime("x".into()),
             BridgeError::SourceTopicsMissing {
                 topics: vec!["t".into()],
             },
@@ -500,5 +562,24 @@ mod tests {
             timeout: Duration::from_secs(1),
         };
         assert_eq!(e.action(), Action::Abort);
+    }
+
+    #[test]
+    fn the_exit_code_follows_the_cause() {
+        assert_eq!(BridgeError::exit_code_of(&Ok(())), 0);
+        let config = BridgeError::Config(ConfigErrors(Vec::new()));
+        assert_eq!(BridgeError::exit_code_of(&Err(config)), 2);
+        assert_eq!(BridgeError::InvalidTopicPattern("(".into()).exit_code(), 2);
+        for other in [
+            BridgeError::Runtime("x".into()),
+            BridgeError::TopicAdmin("x".into()),
+            BridgeError::ShutdownIncomplete("x".into()),
+            BridgeError::Fenced {
+                transactional_id: "t".into(),
+            },
+        ] {
+            assert_eq!(other.exit_code(), 1, "{other}");
+            assert_eq!(other.action(), Action::Stop, "{other}");
+        }
     }
 }

@@ -5,23 +5,14 @@
 //! destructor, no flush) the `EOS_BRIDGE_FAILPOINT_HIT`-th time (default 1) the step is reached.
 //! With `EOS_BRIDGE_FAILPOINT_ACTION=panic` it panics there instead, so that tests can read what a
 //! panic prints (it must never show a secret).
-
-/// The steps of a new layout's take-over a failpoint can name, in order (docs/design.md,
-/// "Rescaling").
-pub const TAKEOVER_STEPS: [&str; 3] = ["after-intent", "after-fence", "after-takeover"];
-
-/// The protocol steps a failpoint can name, in protocol order.
-pub const STEPS: [&str; 6] = [
-    "after-produce",
-    "after-marker",
-    "after-flush",
-    "after-precommit",
-    "after-commit",
-    "after-mark-committed",
-];
+//!
+//! The steps, in protocol order: `after-produce` (pipeline), `after-marker`, `after-flush`,
+//! `after-precommit`, `after-commit`, `after-mark-committed` (pipeline/protocol.rs, exactly-once);
+//! of a new layout's take-over (docs/design.md, "Rescaling"): `after-intent`, `after-fence`,
+//! `after-takeover` (pipeline/recover.rs).
 
 #[cfg(feature = "failpoints")]
-pub fn hit(step: &'static str) {
+pub(crate) fn hit(step: &'static str) {
     use std::sync::atomic::{AtomicU64, Ordering};
     use std::sync::OnceLock;
     static ARMED: OnceLock<Option<(String, u64)>> = OnceLock::new();
@@ -36,9 +27,8 @@ pub fn hit(step: &'static str) {
     });
     if let Some((name, nth)) = armed {
         if name == step && COUNT.fetch_add(1, Ordering::SeqCst) + 1 == *nth {
-            if std::env::var("EOS_BRIDGE_FAILPOINT_ACTION").as_deref() == Ok("panic") {
-                panic!("failpoint '{step}' reached");
-            }
+            let panic = std::env::var("EOS_BRIDGE_FAILPOINT_ACTION").as_deref() == Ok("panic");
+            assert!(!panic, "failpoint '{step}' reached");
             eprintln!("eos-bridge: failpoint '{step}' reached: killing this process");
             // SAFETY: sending a signal to our own pid has no memory-safety preconditions.
             unsafe {

@@ -114,7 +114,7 @@ impl fmt::Display for Change {
 }
 
 /// The changes from `stored` to `now`. Only ids known on both sides are compared.
-pub fn compare(stored: &Identity, now: &Identity) -> Vec<Change> {
+pub(crate) fn compare(stored: &Identity, now: &Identity) -> Vec<Change> {
     let mut changes = Vec::new();
     if let (Some(old), Some(new)) = (&stored.source_cluster, &now.source_cluster) {
         if old != new {
@@ -155,7 +155,7 @@ pub fn compare(stored: &Identity, now: &Identity) -> Vec<Change> {
 
 /// The identity to record from now on: what is seen now, plus the stored ids of what is not seen
 /// now (a topic deleted for the moment: positions kept for it still refer to its old incarnation).
-pub fn merge(stored: &Identity, now: &Identity) -> Identity {
+pub(crate) fn merge(stored: &Identity, now: &Identity) -> Identity {
     let mut merged = stored.clone();
     if now.source_cluster.is_some() {
         merged.source_cluster = now.source_cluster.clone();
@@ -178,7 +178,7 @@ pub fn merge(stored: &Identity, now: &Identity) -> Identity {
 
 /// The source topics whose positions a change makes meaningless: every one for a cluster, the
 /// topic itself for a source topic, and every source topic written to it for a sink topic.
-pub fn affected_topics(
+pub(crate) fn affected_topics(
     changes: &[Change],
     source_topics: &BTreeSet<String>,
     sink_topic_of: &dyn Fn(&str) -> String,
@@ -206,7 +206,7 @@ pub fn affected_topics(
 /// Under `restart`: the changes, for the log and the metric, and the source topics to bridge
 /// again from their earliest offset.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Restart {
+pub(crate) struct Restart {
     pub changes: Vec<Change>,
     pub topics: BTreeSet<String>,
 }
@@ -259,7 +259,7 @@ impl fmt::Display for IdentityError {
 /// The verdict: Ok(None) when nothing changed, Ok(Some) what to bridge again under `restart`, or
 /// the stop under `stop`. `stored` is None when the committed state predates recorded identities
 /// (or nothing was committed): then there is nothing to compare.
-pub fn judge(
+pub(crate) fn judge(
     origin: &str,
     stored: Option<&Identity>,
     now: &Identity,

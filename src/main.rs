@@ -9,6 +9,7 @@ use clap::{Parser, Subcommand};
 
 use eos_bridge::config::Config;
 use eos_bridge::daemon;
+use eos_bridge::error::BridgeError;
 use eos_bridge::savepoint::{Restore, Savepoint};
 
 #[derive(Parser)]
@@ -133,34 +134,8 @@ fn main() -> ExitCode {
             from_savepoint,
             allow_layout_change,
         } => {
-            let cfg = match Config::from_process_env(Some(&config)) {
-                Ok(c) => c,
-                Err(errors) => {
-                    eprintln!(
-                        "eos-bridge: invalid configuration ({}):\n{errors}",
-                        config.display()
-                    );
-                    return ExitCode::from(2);
-                }
-            };
-            let restore = match read_savepoints(&from_savepoint) {
-                Ok(list) if list.is_empty() => None,
-                Ok(savepoints) => Some(Restore {
-                    savepoints,
-                    allow_layout_change,
-                }),
-                Err(e) => {
-                    eprintln!("eos-bridge: {e:#}");
-                    return ExitCode::from(2);
-                }
-            };
-            match daemon::run(Arc::new(cfg), restore) {
-                Ok(()) => ExitCode::SUCCESS,
-                Err(e) => {
-                    eprintln!("eos-bridge: {e:#}");
-                    ExitCode::from(e.exit_code())
-                }
-            }
+            let result = run(&config, &from_savepoint, allow_layout_change);
+            ExitCode::from(BridgeError::exit_code_of(&result))
         }
         Command::Check { config } => {
             let cfg = match Config::from_process_env(Some(&config)) {
@@ -270,6 +245,37 @@ fn translate_offsets(
         );
     }
     Ok(all)
+}
+
+/// `run`: every way it stops is a `BridgeError`, printed here; its cause decides the exit code.
+fn run(
+    config: &std::path::Path,
+    from_savepoint: &[PathBuf],
+    allow_layout_change: bool,
+) -> Result<(), BridgeError> {
+    let cfg = match Config::from_process_env(Some(config)) {
+        Ok(c) => c,
+        Err(errors) => {
+            eprintln!(
+                "eos-bridge: invalid configuration ({}):\n{errors}",
+                config.display()
+            );
+            return Err(BridgeError::Config(errors));
+        }
+    };
+    let result = read_savepoints(from_savepoint)
+        .map_err(|e| BridgeError::SavepointFile(format!("{e:#}")))
+        .and_then(|savepoints| {
+            let restore = (!savepoints.is_empty()).then_some(Restore {
+                savepoints,
+                allow_layout_change,
+            });
+            daemon::run(Arc::new(cfg), restore)
+        });
+    if let Err(e) = &result {
+        eprintln!("eos-bridge: {e:#}");
+    }
+    result
 }
 
 fn list_checkpoints(dir: &std::path::Path) -> anyhow::Result<()> {

@@ -3,19 +3,31 @@
 //! A marker is visible to read_committed readers exactly when its transaction committed, so the
 //! newest committed marker of an instance is the authority on what that instance committed, on
 //! any cluster and whatever happened to the local state directory. This module owns the marker's
-//! wire format, its key and its partition; reading it back from Kafka lives with the sink.
+//! wire format, its key and its partition, and reading markers back from Kafka
+//! (`read_bridge_markers`); writing them is the sink's, inside its transactions.
 
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use rdkafka::config::ClientConfig;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::error::KafkaError;
+use rdkafka::message::Message;
+use rdkafka::{Offset, TopicPartitionList};
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
+use tracing::{info, warn};
 
+use crate::error::{BridgeError, Result};
 use crate::identity::Identity;
 use crate::positions::Positions;
+use crate::sink::{is_client_wide, SinkSettings};
 
 /// Version of the marker format; a reader refuses versions it does not know.
-pub const MARKER_VERSION: u32 = 1;
+pub(crate) const MARKER_VERSION: u32 = 1;
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Marker {
+pub(crate) struct Marker {
     pub version: u32,
     pub bridge_id: String,
     pub instance: u32,
@@ -32,7 +44,7 @@ pub struct Marker {
 }
 
 #[derive(Debug, Error)]
-pub enum MarkerError {
+pub(crate) enum MarkerError {
     #[error("commit marker is not valid JSON: {0}")]
     Json(#[from] serde_json::Error),
     #[error("commit marker has version {found}, this build reads version {MARKER_VERSION}: upgrade eos-bridge")]
@@ -40,11 +52,11 @@ pub enum MarkerError {
 }
 
 impl Marker {
-    pub fn encode(&self) -> Vec<u8> {
+    pub(crate) fn encode(&self) -> Vec<u8> {
         serde_json::to_vec(self).expect("a marker always serializes")
     }
 
-    pub fn decode(bytes: &[u8]) -> Result<Marker, MarkerError> {
+    pub(crate) fn decode(bytes: &[u8]) -> Result<Marker, MarkerError> {
         let m: Marker = serde_json::from_slice(bytes)?;
         if m.version != MARKER_VERSION {
             return Err(MarkerError::Version { found: m.version });
@@ -54,7 +66,7 @@ impl Marker {
 }
 
 /// The key of an instance's markers: with a compacted marker topic only the newest survives.
-pub fn marker_key(bridge_id: &str, instance: u32) -> String {
+pub(crate) fn marker_key(bridge_id: &str, instance: u32) -> String {
     format!("{bridge_id}/{instance}")
 }
 
@@ -80,7 +92,7 @@ impl std::fmt::Display for Layout {
 /// The marker key of an instance in a layout. Generation 0 keeps the key of builds that predate
 /// layouts, so that their markers are read as generation 0 and an upgrade changes nothing; later
 /// generations name the layout, so that markers of two layouts never share a key.
-pub fn layout_marker_key(bridge_id: &str, layout: Layout, instance: u32) -> String {
+pub(crate) fn layout_marker_key(bridge_id: &str, layout: Layout, instance: u32) -> String {
     if layout.generation == 0 {
         marker_key(bridge_id, instance)
     } else {
@@ -95,7 +107,7 @@ pub fn layout_marker_key(bridge_id: &str, layout: Layout, instance: u32) -> Stri
 /// (`Config::transactional_id`), so that an upgraded process fences the one it replaces. Ids of
 /// different layouts differ, so a new layout's instance never fences its own layout's neighbour
 /// while it fences the previous layout.
-pub fn layout_transactional_id(bridge_id: &str, layout: Layout, instance: u32) -> String {
+pub(crate) fn layout_transactional_id(bridge_id: &str, layout: Layout, instance: u32) -> String {
     if layout.generation == 0 {
         format!("eos-bridge-{bridge_id}-{instance}")
     } else {
@@ -108,7 +120,7 @@ pub fn layout_transactional_id(bridge_id: &str, layout: Layout, instance: u32) -
 
 /// The layout and instance a marker key of `bridge_id` names (None: the key is another bridge's).
 /// A generation-0 key does not name the instance count: the marker's body does.
-pub fn parse_marker_key(bridge_id: &str, key: &str) -> Option<(Option<Layout>, u32)> {
+pub(crate) fn parse_marker_key(bridge_id: &str, key: &str) -> Option<(Option<Layout>, u32)> {
     let rest = key.strip_prefix(bridge_id)?.strip_prefix('/')?;
     match rest.split_once('/') {
         None => Some((None, rest.parse().ok()?)),
@@ -125,7 +137,7 @@ pub fn parse_marker_key(bridge_id: &str, key: &str) -> Option<(Option<Layout>, u
 
 /// A newest committed marker found on the marker topic, with the layout its key names.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct FoundMarker {
+pub(crate) struct FoundMarker {
     pub layout: Layout,
     pub marker: Marker,
 }
@@ -133,7 +145,7 @@ pub struct FoundMarker {
 impl FoundMarker {
     /// An intent marker claims a layout before any of its output: it carries checkpoint id 0 (real
     /// checkpoints start at 1) and no positions.
-    pub fn is_intent(&self) -> bool {
+    pub(crate) fn is_intent(&self) -> bool {
         self.marker.checkpoint_id == 0
     }
 }
@@ -141,8 +153,234 @@ impl FoundMarker {
 /// The marker-topic partition of an instance. Each instance of a bridge writes to a partition of
 /// its own, so one instance's open transaction never holds back the last stable offset that
 /// another instance's recovery reads up to.
-pub fn marker_partition(instance: u32, partitions: i32) -> i32 {
+pub(crate) fn marker_partition(instance: u32, partitions: i32) -> i32 {
     (instance % partitions.max(1) as u32) as i32
+}
+
+/// What the marker read reports while it waits for other producers' transactions to finish.
+pub(crate) type MarkerWait<'a> = &'a mut dyn FnMut(Option<&ForeignTransactionWait>);
+
+/// A marker read held back by a transaction of another producer on the marker partition.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct ForeignTransactionWait {
+    pub topic: String,
+    pub partition: i32,
+    pub last_stable_offset: i64,
+    pub high_watermark: i64,
+    pub waited: Duration,
+}
+
+fn marker_reader(s: &SinkSettings, isolation: &str) -> Result<BaseConsumer> {
+    let mut cc = ClientConfig::new();
+    for (k, v) in &s.kafka {
+        if is_client_wide(k) {
+            cc.set(k, v);
+        }
+    }
+    cc.set("bootstrap.servers", &s.bootstrap_servers)
+        .set(
+            "group.id",
+            format!("eos-bridge.{}.marker-reader", s.bridge_id),
+        )
+        .set("enable.auto.commit", "false")
+        .set("isolation.level", isolation)
+        .set("enable.partition.eof", "true")
+        .set("auto.offset.reset", "earliest")
+        .create()
+        .map_err(|e| BridgeError::kafka("create marker reader", e))
+}
+
+/// Waits until the marker partition's last stable offset reaches the high watermark that the
+/// partition had when the wait began, and returns that offset.
+///
+/// Why this proves the read complete: the caller has run init_transactions, which returns only
+/// once the coordinator has finished every earlier transaction of our transactional id, so every
+/// marker we ever committed lies below the high watermark H read now. A read_committed reader
+/// sees everything below the last stable offset, and the LSO reaches H once no transaction that
+/// has a record below H is still open. Transactions that begin later start at or above H and
+/// cannot hold the LSO below it, so the wait ends when the slowest foreign transaction open now
+/// commits or is aborted, at the latest when the coordinator times it out.
+fn wait_for_stable_marker_partition(
+    s: &SinkSettings,
+    committed: &BaseConsumer,
+    deadline: Instant,
+    report: MarkerWait<'_>,
+) -> Result<i64> {
+    let t = Duration::from_secs(10);
+    let uncommitted = marker_reader(s, "read_uncommitted")?;
+    let (_, high) = uncommitted
+        .fetch_watermarks(&s.marker_topic, s.marker_partition, t)
+        .map_err(|e| BridgeError::kafka("fetch marker high watermark", e))?;
+    let began = Instant::now();
+    let mut last_log: Option<Instant> = None;
+    let mut pause = Duration::from_millis(20);
+    loop {
+        let (_, lso) = committed
+            .fetch_watermarks(&s.marker_topic, s.marker_partition, t)
+            .map_err(|e| BridgeError::kafka("fetch marker last stable offset", e))?;
+        if lso >= high {
+            if last_log.is_some() {
+                info!(
+                    topic = %s.marker_topic, partition = s.marker_partition,
+                    waited_ms = began.elapsed().as_millis() as u64,
+                    "the marker partition is stable again; reading the newest commit marker"
+                );
+            }
+            report(None);
+            return Ok(lso);
+        }
+        let wait = ForeignTransactionWait {
+            topic: s.marker_topic.clone(),
+            partition: s.marker_partition,
+            last_stable_offset: lso,
+            high_watermark: high,
+            waited: began.elapsed(),
+        };
+        if Instant::now() >= deadline {
+            return Err(BridgeError::MarkerPartitionUnstable {
+                topic: wait.topic,
+                partition: wait.partition,
+                last_stable_offset: lso,
+                high_watermark: high,
+                waited: wait.waited,
+            });
+        }
+        if last_log.is_none_or(|l| l.elapsed() >= Duration::from_secs(5)) {
+            warn!(
+                topic = %s.marker_topic, partition = s.marker_partition,
+                last_stable_offset = lso, high_watermark = high,
+                waited_ms = wait.waited.as_millis() as u64,
+                "an open transaction of another producer holds back the marker partition; \
+                 waiting for it to finish before deciding where to resume"
+            );
+            last_log = Some(Instant::now());
+        }
+        report(Some(&wait));
+        std::thread::sleep(pause.min(deadline.saturating_duration_since(Instant::now())));
+        pause = (pause * 2).min(Duration::from_millis(500));
+    }
+}
+
+/// Reads the newest committed marker of every key of this bridge on marker partitions
+/// `0..partitions`, each partition read completely up to its last stable offset once that reached
+/// the high watermark (the completeness rule of [`wait_for_stable_marker_partition`]). The whole
+/// partition is read because a partition holds the markers of every layout that used its instance
+/// slot and the reader cannot know how many there were; compaction keeps it short.
+///
+/// With `committed = false` it reads everything written, open and aborted transactions included,
+/// without waiting: a guess of the layouts in use, good for choosing the transactional id before
+/// init_transactions, never for positions.
+pub(crate) fn read_bridge_markers(
+    s: &SinkSettings,
+    partitions: i32,
+    committed: bool,
+    timeout: Duration,
+    report: MarkerWait<'_>,
+) -> Result<Vec<FoundMarker>> {
+    let consumer = marker_reader(
+        s,
+        if committed {
+            "read_committed"
+        } else {
+            "read_uncommitted"
+        },
+    )?;
+    let mut newest: BTreeMap<String, FoundMarker> = BTreeMap::new();
+    for partition in 0..partitions.max(1) {
+        let ps = SinkSettings {
+            marker_partition: partition,
+            ..s.clone()
+        };
+        // A partition the bridge has just created or added can be unknown to the broker we ask
+        // for a moment: wait for it rather than stop.
+        let known_by = Instant::now() + timeout;
+        let (low, high) = loop {
+            match consumer.fetch_watermarks(&ps.marker_topic, partition, timeout) {
+                Ok(w) => break w,
+                Err(e) if Instant::now() < known_by => {
+                    warn!(topic = %ps.marker_topic, partition, error = %e, "marker partition not known yet; retrying");
+                    std::thread::sleep(Duration::from_millis(200));
+                }
+                Err(e) => return Err(BridgeError::kafka("fetch marker watermarks", e)),
+            }
+        };
+        let lso = if committed {
+            wait_for_stable_marker_partition(
+                &ps,
+                &consumer,
+                Instant::now() + s.foreign_transaction_wait,
+                report,
+            )?
+        } else {
+            high
+        };
+        if lso <= low {
+            continue;
+        }
+        let mut tpl = TopicPartitionList::new();
+        tpl.add_partition_offset(&ps.marker_topic, partition, Offset::Offset(low))
+            .map_err(|e| BridgeError::kafka("assign marker partition", e))?;
+        consumer
+            .assign(&tpl)
+            .map_err(|e| BridgeError::kafka("assign marker partition", e))?;
+        let end_at = Instant::now() + timeout;
+        loop {
+            if Instant::now() >= end_at {
+                return Err(BridgeError::MarkerRead {
+                    key: format!("{}/*", s.bridge_id),
+                    topic: ps.marker_topic.clone(),
+                    partition,
+                    timeout,
+                });
+            }
+            let m = match consumer.poll(Duration::from_millis(200)) {
+                None => continue,
+                Some(Err(KafkaError::PartitionEOF(_))) => break,
+                Some(Err(e)) => return Err(BridgeError::kafka("read marker topic", e)),
+                Some(Ok(m)) => m,
+            };
+            if m.offset() >= lso {
+                break;
+            }
+            let key = String::from_utf8_lossy(m.key().unwrap_or_default()).into_owned();
+            let parsed = parse_marker_key(&s.bridge_id, &key);
+            if parsed.is_none() && !committed {
+                // Possibly an aborted or still open record: the committed read judges it.
+                continue;
+            }
+            let Some((layout, _)) = parsed else {
+                return Err(BridgeError::MarkerTopicShared {
+                    topic: ps.marker_topic.clone(),
+                    partition,
+                    offset: m.offset(),
+                    found_key: key,
+                    our_key: s.marker_key.clone(),
+                });
+            };
+            match m.payload().map(Marker::decode) {
+                Some(Ok(marker)) => {
+                    let layout = layout.unwrap_or(Layout {
+                        generation: 0,
+                        instances: marker.instances,
+                    });
+                    if newest
+                        .get(&key)
+                        .is_none_or(|f| marker.checkpoint_id >= f.marker.checkpoint_id)
+                    {
+                        newest.insert(key, FoundMarker { layout, marker });
+                    }
+                }
+                Some(Err(e)) => {
+                    warn!(offset = m.offset(), error = %e, "skipping undecodable commit marker")
+                }
+                None => {}
+            }
+            if m.offset() + 1 >= lso {
+                break;
+            }
+        }
+    }
+    Ok(newest.into_values().collect())
 }
 
 #[cfg(test)]

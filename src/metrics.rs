@@ -8,7 +8,7 @@ use prometheus::{
     Opts, Registry, TextEncoder,
 };
 
-pub struct Metrics {
+pub(crate) struct Metrics {
     pub registry: Registry,
     pub records_consumed: IntCounterVec,
     pub records_produced: IntCounterVec,
@@ -48,7 +48,7 @@ fn hopts(name: &str, help: &str, buckets: Vec<f64>) -> HistogramOpts {
 }
 
 impl Metrics {
-    pub fn new() -> Metrics {
+    pub(crate) fn new() -> Metrics {
         let registry = Registry::new();
         // Checkpoints and commits take from a millisecond (idle) to the checkpoint timeout
         // (tens of seconds); end-to-end latency is dominated by the checkpoint interval.
@@ -276,7 +276,7 @@ impl Metrics {
     }
 
     /// Shows the per-partition series of a partition at zero as soon as it is assigned.
-    pub fn preset_partition(&self, topic: &str, partition: i32) {
+    pub(crate) fn preset_partition(&self, topic: &str, partition: i32) {
         let p = partition.to_string();
         self.records_lost.with_label_values(&[topic, &p]);
         self.consumer_lag.with_label_values(&[topic, &p]);
@@ -285,7 +285,7 @@ impl Metrics {
     }
 
     /// The registry in Prometheus text format, with its content type.
-    pub fn render(&self) -> (String, Vec<u8>) {
+    pub(crate) fn render(&self) -> (String, Vec<u8>) {
         let encoder = TextEncoder::new();
         let mut buf = Vec::new();
         encoder

@@ -14,7 +14,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use crate::config::Partitioning;
 
 /// Topic configs never copied to a sink topic, each with why. An entry ending in `*` is a prefix.
-pub const EXCLUDED: &[(&str, &str)] = &[
+pub(crate) const EXCLUDED: &[(&str, &str)] = &[
     (
         "follower.replication.throttled.replicas",
         "names broker ids of the source cluster",
@@ -100,7 +100,7 @@ impl TopicConfigs {
 }
 
 /// Whether `name` is excluded by [`EXCLUDED`] or by one of `extra` (same `*` rule).
-pub fn excluded(name: &str, extra: &[String]) -> bool {
+pub(crate) fn excluded(name: &str, extra: &[String]) -> bool {
     let hit = |pattern: &str| match pattern.strip_suffix('*') {
         Some(prefix) => name.starts_with(prefix),
         None => name == pattern,
@@ -109,7 +109,7 @@ pub fn excluded(name: &str, extra: &[String]) -> bool {
 }
 
 /// The configs a new sink topic of this source topic is created with.
-pub fn copied(source: &TopicConfigs, extra_exclude: &[String]) -> Vec<(String, String)> {
+pub(crate) fn copied(source: &TopicConfigs, extra_exclude: &[String]) -> Vec<(String, String)> {
     source
         .entries
         .iter()
@@ -119,7 +119,7 @@ pub fn copied(source: &TopicConfigs, extra_exclude: &[String]) -> Vec<(String, S
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Severity {
+pub(crate) enum Severity {
     /// Records the source keeps would be lost or refused at the sink: do not start.
     Refuse,
     /// The sink keeps less, or differently: start, and say so.
@@ -128,7 +128,7 @@ pub enum Severity {
 
 /// One way an existing sink topic differs from its source topic.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Breach {
+pub(crate) struct Breach {
     pub severity: Severity,
     pub sink_topic: String,
     pub setting: &'static str,
@@ -160,7 +160,7 @@ fn finite(v: Option<i64>) -> Option<i64> {
 
 /// Judges an existing sink topic against its source topic. Partition counts under `preserve`
 /// are the pipeline's business (it grows the sink), so only configs are judged here.
-pub fn judge(
+pub(crate) fn judge(
     source_topic: &str,
     sink_topic: &str,
     source: &TopicConfigs,
@@ -281,7 +281,7 @@ pub fn judge(
 
 /// What a sink topic with `sink_partitions` needs under `partitioning`, for a source topic with
 /// `source_partitions`: None when it fits.
-pub fn partition_note(
+pub(crate) fn partition_note(
     partitioning: Partitioning,
     source_topic: &str,
     source_partitions: i32,

@@ -23,29 +23,32 @@ use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
 use crate::admin::Admin;
+use crate::check;
 use crate::checkpoint::{Checkpoint, CheckpointState, CheckpointStore};
-use crate::config::{Config, Delivery, OnBadRecord, OutOfRange, StartPosition};
+use crate::config::{Config, OnBadRecord, StartPosition};
 use crate::error::{Action, BadRecordStop, BridgeError, Result};
 use crate::failpoint;
 use crate::identity::{self, Identity};
 use crate::marker::{
-    layout_marker_key, layout_transactional_id, marker_partition, Layout, Marker, MARKER_VERSION,
+    layout_marker_key, layout_transactional_id, marker_partition, read_bridge_markers, Layout,
+    Marker,
 };
 use crate::metrics::Metrics;
 use crate::offsets;
 use crate::positions::Positions;
-use crate::recovery::{decide, plan_layout, Decision, LayoutPlan, RecoveryOutcome};
-use crate::savepoint::{Restore, Savepoint, RESTORED_PREFIX};
-use crate::sink::{
-    fence, is_permanent_record_error, read_bridge_markers, InFlightLimit, Sink, SinkSettings,
-    SourceRef,
-};
+use crate::recovery::plan_layout;
+use crate::savepoint::{Restore, Savepoint};
+use crate::sink::{is_permanent_record_error, InFlightLimit, Sink, SinkSettings, SourceRef};
 use crate::source::Source;
 use crate::status::{self, PartitionStatus, RunState, SharedStatus};
 use crate::transform::Router;
 
 mod identity_checks;
+mod protocol;
+mod recover;
 mod sink_topics;
+
+use protocol::{EpochSink, Progress, Protocol};
 
 /// How often the source is asked for new partitions and (with a pattern) new topics.
 const DISCOVERY_INTERVAL: Duration = Duration::from_secs(10);
@@ -60,7 +63,7 @@ const LATENCY_SAMPLE: u64 = 64;
 /// it) before the bridge stops, at start-up and while running.
 const MISSING_TOPIC_WAIT: Duration = Duration::from_secs(30);
 
-pub struct Shared {
+pub(crate) struct Shared {
     pub metrics: Arc<Metrics>,
     pub status: SharedStatus,
     pub shutdown: CancellationToken,
@@ -76,7 +79,7 @@ type SavepointRequest = (
 );
 
 /// Requests from the API, served at epoch boundaries.
-pub enum Command {
+pub(crate) enum Command {
     /// Name the next checkpoint a savepoint; the reply comes once it is committed. With `stop`,
     /// that checkpoint is the last one: the bridge then shuts down as on SIGTERM, so nothing is
     /// committed after the savepoint (the way to move to another layout under live traffic).
@@ -96,11 +99,11 @@ fn now_ms() -> i64 {
 
 /// Headers a dead letter carries besides its own: where it came from, why the sink refused it, and
 /// when (milliseconds since the Unix epoch, as decimal text like the partition and offset).
-pub const HEADER_SOURCE_TOPIC: &str = "eos-bridge.source.topic";
-pub const HEADER_SOURCE_PARTITION: &str = "eos-bridge.source.partition";
-pub const HEADER_SOURCE_OFFSET: &str = "eos-bridge.source.offset";
-pub const HEADER_ERROR: &str = "eos-bridge.error";
-pub const HEADER_ERROR_TIME: &str = "eos-bridge.error.time";
+pub(crate) const HEADER_SOURCE_TOPIC: &str = "eos-bridge.source.topic";
+pub(crate) const HEADER_SOURCE_PARTITION: &str = "eos-bridge.source.partition";
+pub(crate) const HEADER_SOURCE_OFFSET: &str = "eos-bridge.source.offset";
+pub(crate) const HEADER_ERROR: &str = "eos-bridge.error";
+pub(crate) const HEADER_ERROR_TIME: &str = "eos-bridge.error.time";
 
 /// A record the sink refused for good: why, and when it first failed.
 struct BadRecord {
@@ -279,7 +282,7 @@ fn wait_out<T>(
 }
 
 /// Runs the bridge until shutdown or a fatal error.
-pub fn run(
+pub(crate) fn run(
     cfg: Arc<Config>,
     shared: Shared,
     commands: Receiver<Command>,
@@ -308,7 +311,86 @@ pub fn run(
     result
 }
 
+/// What an epoch read until its barrier.
+struct EpochRead {
+    /// P(N): the next offset to read per source partition.
+    positions: Positions,
+    /// Records held until their checkpoint is written (at-most-once).
+    held: Vec<OwnedMessage>,
+    /// What ended the epoch, for `epochs_ended`.
+    trigger: &'static str,
+    stats: EpochStats,
+}
+
+/// What an epoch counts, published once its checkpoint committed.
+#[derive(Default)]
+struct EpochStats {
+    consumed: HashMap<Arc<str>, u64>,
+    produced: HashMap<Arc<str>, u64>,
+    dead_lettered: Vec<SourceRef>,
+    /// Record timestamps sampled for the end-to-end latency.
+    samples: Vec<i64>,
+}
+
+/// The pipeline's side of the protocol's sink: the transactional producer, with the in-flight
+/// limit and the routing of held records.
+struct EpochOutput<'p, 'a> {
+    p: &'p mut Pipeline<'a>,
+    id: u64,
+    held: Vec<OwnedMessage>,
+}
+
+impl EpochSink for EpochOutput<'_, '_> {
+    fn send_marker(&mut self, marker: &Marker) -> Result<()> {
+        self.p.sink.send_marker(marker)
+    }
+
+    fn flush(&mut self, deadline: Instant) -> Result<()> {
+        self.p.flush_until(self.id, deadline)
+    }
+
+    fn send_offset_mapping(&mut self, c: &Checkpoint) -> Result<()> {
+        self.p.mapping = self
+            .p
+            .send_offset_mapping(c.id, c.created_ms, &c.positions)?;
+        Ok(())
+    }
+
+    fn commit(&mut self, deadline: Instant) -> Result<()> {
+        let sink = &mut self.p.sink;
+        sink.commit(deadline).map_err(|e| sink.classify(e))
+    }
+
+    fn write_held(&mut self, deadline: Instant) -> Result<()> {
+        let p = &mut *self.p;
+        for m in self.held.drain(..) {
+            let (sink_topic, partition) = p.router.route(m.topic(), m.partition(), m.key());
+            let src = SourceRef {
+                topic: p.topic_name(m.topic()),
+                partition: m.partition(),
+                offset: m.offset(),
+            };
+            let headers = m.headers().cloned();
+            // Past the deadline the flush times out; sending on is still the best chance of
+            // delivering what was checkpointed.
+            p.sink.wait_in_flight_below(p.in_flight.bytes(), deadline);
+            p.sink.send(
+                &sink_topic,
+                partition,
+                m.key(),
+                m.payload(),
+                headers,
+                m.timestamp().to_millis(),
+                src,
+            )?;
+        }
+        Ok(())
+    }
+}
+
 struct Pipeline<'a> {
+    /// What the delivery mode does at the barrier, at commit and at recovery.
+    protocol: Protocol,
     cfg: Arc<Config>,
     shared: &'a Shared,
     admin: Admin,
@@ -358,13 +440,11 @@ struct Pipeline<'a> {
     offsets: Option<offsets::Tracker>,
     /// Commits the positions to the monitoring group after each checkpoint.
     monitor: Option<offsets::monitor::Monitor>,
+    /// The mapping sent in the open transaction, carried forward once it commits.
+    mapping: Option<offsets::Built>,
 }
 
 impl<'a> Pipeline<'a> {
-    fn exactly_once(&self) -> bool {
-        self.cfg.bridge.delivery == Delivery::ExactlyOnce
-    }
-
     /// Connects, discovers and recovers, waiting out clusters that are down (None: shutdown was
     /// requested meanwhile).
     fn start(
@@ -373,22 +453,17 @@ impl<'a> Pipeline<'a> {
         commands: Receiver<Command>,
         restore: Option<Restore>,
     ) -> Result<Option<Pipeline<'a>>> {
-        let sink_kafka: Vec<(String, String)> = cfg
-            .sink
-            .kafka
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect();
-        let admin = Admin::new(&cfg.sink.bootstrap_servers, &sink_kafka)?
-            .with_replication_factor(cfg.sink.replication_factor);
-        let source_kafka: Vec<(String, String)> = cfg
-            .source
-            .kafka
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect();
-        let source_admin = Admin::new(&cfg.source.bootstrap_servers, &source_kafka)?;
-        let exactly_once = cfg.bridge.delivery == Delivery::ExactlyOnce;
+        let admin = check::sink_admin(&cfg)?;
+        let protocol = Protocol::from(cfg.bridge.delivery);
+        let exactly_once = protocol.recovers_from_markers();
+        let source_admin = Admin::new(
+            &cfg.source.bootstrap_servers,
+            &cfg.source
+                .kafka
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect::<Vec<_>>(),
+        )?;
 
         let transient = |e: &BridgeError| e.is_transient();
 
@@ -396,13 +471,11 @@ impl<'a> Pipeline<'a> {
         let mut foreign_transaction_wait = Duration::ZERO;
         if exactly_once {
             let Some(max) = wait_out(shared, "read transaction.max.timeout.ms", transient, || {
-                shared.runtime.block_on(admin.transaction_max_timeout_ms())
+                check::broker_timeout_rule(&cfg, &admin, &shared.runtime)
             })?
             else {
                 return Ok(None);
             };
-            cfg.check_broker_timeout(max)
-                .map_err(|e| BridgeError::Config(crate::config::ConfigErrors(vec![e])))?;
             // No transaction on the sink cluster outlives the broker's maximum timeout plus the
             // coordinator's sweep for expired ones (10 s by default): past that, something hangs.
             foreign_transaction_wait =
@@ -430,14 +503,13 @@ impl<'a> Pipeline<'a> {
         };
         let mut settings = SinkSettings {
             bootstrap_servers: cfg.sink.bootstrap_servers.clone(),
-            kafka: sink_kafka,
+            kafka: check::sink_kafka(&cfg),
             transactional_id: exactly_once.then(|| cfg.transactional_id()),
             transaction_timeout: cfg.transaction.timeout,
             marker_topic: cfg.sink.marker_topic.clone(),
             marker_partition: marker_partition(cfg.bridge.instance, marker_partitions),
             foreign_transaction_wait,
             bridge_id: cfg.bridge.id.clone(),
-            instance: cfg.bridge.instance,
             marker_key: crate::marker::marker_key(&cfg.bridge.id, cfg.bridge.instance),
         };
         // The layout decides the transactional id, which init_transactions needs before any
@@ -505,6 +577,7 @@ impl<'a> Pipeline<'a> {
         let cfg_in_flight_cap = cfg.sink.max_in_flight_bytes;
         let cfg_checkpoint_timeout = cfg.checkpoint.timeout;
         let mut p = Pipeline {
+            protocol,
             cfg,
             shared,
             admin,
@@ -536,6 +609,7 @@ impl<'a> Pipeline<'a> {
             fenced: BTreeSet::new(),
             offsets: tracker,
             monitor,
+            mapping: None,
         };
         p.publish_in_flight_limit();
         // A listed topic that is missing may be one a restarting broker does not know yet: wait a
@@ -591,550 +665,6 @@ impl<'a> Pipeline<'a> {
         Ok(changed)
     }
 
-    /// Recovery: decide the starting positions from sled and the newest committed marker, make
-    /// sled agree with the decision, and assign the source there.
-    fn recover(&mut self) -> Result<()> {
-        status::update(&self.shared.status, |s| {
-            s.state = RunState::Recovering;
-            s.partitions_assigned = false;
-        });
-        let loaded = self.store.load()?;
-        for c in &loaded.corrupt {
-            warn!(key = %c.key, id = ?c.id, reason = %c.reason, "skipping a corrupt checkpoint");
-            self.shared.metrics.corrupt_checkpoints.inc();
-            self.store.remove_key(&c.key)?;
-        }
-        let mut marker = None;
-        if self.exactly_once() {
-            match self.settle_layout()? {
-                LayoutPlan::Resume { own, .. } => marker = own,
-                // No lower layout to take over from: a late instance of the first layout, which
-                // starts like the others did, from source.start.
-                LayoutPlan::TakeOver { fence, .. } if fence.is_empty() => {}
-                LayoutPlan::TakeOver {
-                    positions,
-                    next_id,
-                    identity,
-                    layout,
-                    ..
-                } => {
-                    // A restore into this layout before its first commit: the restored checkpoint
-                    // is newer than every marker and decides.
-                    let restored_here = loaded.checkpoints.iter().any(|c| {
-                        c.savepoint
-                            .as_deref()
-                            .is_some_and(|n| n.starts_with(RESTORED_PREFIX))
-                            && c.instance == self.cfg.bridge.instance
-                            && c.instances == self.cfg.bridge.instances
-                            && c.id >= next_id
-                    });
-                    if self.restore.is_none() && !restored_here {
-                        return self.take_over(
-                            layout,
-                            &loaded.checkpoints,
-                            positions,
-                            next_id,
-                            identity,
-                        );
-                    }
-                }
-            }
-        }
-        let cfg = self.cfg.clone();
-        self.pending = None;
-
-        if let Some(restore) = self.restore.take() {
-            let tag = restore.tag();
-            if loaded
-                .checkpoints
-                .iter()
-                .any(|c| c.savepoint.as_deref() == Some(tag.as_str()))
-            {
-                info!(tag = %tag, "this state directory already restored these savepoints; resuming normally");
-            } else {
-                return self.restore_from(&restore, &loaded.checkpoints, marker.as_ref());
-            }
-        }
-        // After a restore into a new layout, the marker partition can still hold the old layout's
-        // last marker until the first commit: the restored checkpoint is newer and wins.
-        if let Some(m) = &marker {
-            let foreign = m.bridge_id != cfg.bridge.id || m.instances != cfg.bridge.instances;
-            let restored_after = loaded.checkpoints.iter().any(|c| {
-                c.savepoint
-                    .as_deref()
-                    .is_some_and(|n| n.starts_with(RESTORED_PREFIX))
-                    && c.id > m.checkpoint_id
-            });
-            if foreign && restored_after {
-                marker = None;
-            }
-        }
-
-        let decision = decide(
-            &cfg.bridge.id,
-            cfg.bridge.instance,
-            cfg.bridge.instances,
-            &loaded.checkpoints,
-            marker.as_ref(),
-            now_ms(),
-        )?;
-        for w in &decision.warnings {
-            warn!(warning = %w, "recovery");
-        }
-        // Judged before sled is repaired, so that a stop leaves the state directory as it was.
-        let positions = self.judge_recovered_identity(&decision)?;
-        for id in &decision.discard {
-            self.store.discard(*id)?;
-        }
-        if let Some(id) = decision.confirm {
-            self.store.mark_committed(id)?;
-        }
-        if let Some(c) = &decision.adopt {
-            self.store.put_committed(c)?;
-        }
-        self.last_id = decision.last_committed_id;
-        self.start_from(positions, decision.outcome.as_str())
-    }
-
-    /// Reads the committed markers of the bridge and settles this process's layout: when the
-    /// instance has not committed in its layout yet, it commits the layout's intent marker, fences
-    /// the lower layouts' owners of its partitions and reads again, until a read asks to fence no
-    /// one new (docs/design.md, "Rescaling"). A newer layout found stops the process.
-    fn settle_layout(&mut self) -> Result<LayoutPlan> {
-        let cfg = self.cfg.clone();
-        let partitions: Vec<(String, i32)> = self
-            .topics
-            .iter()
-            .flat_map(|(t, n)| (0..*n).map(move |p| (t.clone(), p)))
-            .collect();
-        loop {
-            self.refresh_marker_partitions()?;
-            let status = &self.shared.status;
-            let metrics = &self.shared.metrics;
-            let mut waited = Duration::ZERO;
-            let found = read_bridge_markers(
-                self.sink.settings(),
-                self.marker_partitions,
-                true,
-                CONNECT_DEADLINE,
-                &mut |wait| {
-                    if let Some(w) = wait {
-                        metrics
-                            .marker_wait_seconds
-                            .inc_by(w.waited.saturating_sub(waited).as_secs_f64());
-                        waited = w.waited;
-                    }
-                    let why = wait.map(|w| {
-                        format!(
-                            "waiting for another producer's transaction on marker partition {}/{} \
-                             (last stable offset {} < high watermark {}) for {:?}",
-                            w.topic, w.partition, w.last_stable_offset, w.high_watermark, w.waited
-                        )
-                    });
-                    status::update(status, |s| s.recovery_wait = why);
-                },
-            );
-            status::update(status, |s| s.recovery_wait = None);
-            let found = found?;
-            let plan = plan_layout(
-                &cfg.bridge.id,
-                cfg.bridge.instance,
-                cfg.bridge.instances,
-                self.layout,
-                &found,
-                &partitions,
-            )?;
-            let LayoutPlan::TakeOver {
-                layout,
-                fence: owners,
-                ..
-            } = &plan
-            else {
-                status::update(status, |s| s.takeover = None);
-                return Ok(plan);
-            };
-            let layout = *layout;
-            if !self.intent_committed {
-                status::update(status, |s| {
-                    s.takeover = Some(format!("committing the intent marker of {layout}"))
-                });
-                self.commit_intent(layout)?;
-                failpoint::hit("after-intent");
-                self.intent_committed = true;
-                continue;
-            }
-            let ids: Vec<String> = owners
-                .iter()
-                .map(|(l, i)| layout_transactional_id(&cfg.bridge.id, *l, *i))
-                .filter(|id| !self.fenced.contains(id))
-                .collect();
-            if ids.is_empty() {
-                status::update(status, |s| s.takeover = None);
-                return Ok(plan);
-            }
-            for id in ids {
-                status::update(status, |s| {
-                    s.takeover = Some(format!("fencing {id} of an older layout"))
-                });
-                fence(self.sink.settings(), &id, CONNECT_DEADLINE)?;
-                failpoint::hit("after-fence");
-                self.fenced.insert(id);
-            }
-        }
-    }
-
-    /// Commits a transaction holding only this instance's intent marker: from its commit on, a
-    /// process of a lower layout that starts finds the layout and stops.
-    fn commit_intent(&mut self, layout: Layout) -> Result<()> {
-        let cfg = &self.cfg.bridge;
-        let intent = Marker {
-            version: MARKER_VERSION,
-            bridge_id: cfg.id.clone(),
-            instance: cfg.instance,
-            instances: layout.instances,
-            checkpoint_id: 0,
-            positions: Positions::new(),
-            time_ms: now_ms(),
-            identity: None,
-        };
-        self.sink.begin()?;
-        let sent = self
-            .sink
-            .send_marker(&intent)
-            .and_then(|()| self.sink.commit(Instant::now() + CONNECT_DEADLINE));
-        if let Err(e) = sent {
-            let _ = self.sink.abort(CONNECT_DEADLINE);
-            return Err(e);
-        }
-        info!(layout = %layout, "committed the intent marker of a new layout");
-        Ok(())
-    }
-
-    /// Starts a layout's instance that has not committed in it yet from the positions its
-    /// partitions were last committed at in lower layouts. The state directory's checkpoints
-    /// belong to a lower layout (or to an earlier attempt of this take-over) and go.
-    fn take_over(
-        &mut self,
-        layout: Layout,
-        checkpoints: &[Checkpoint],
-        positions: Positions,
-        next_id: u64,
-        identity: Option<Identity>,
-    ) -> Result<()> {
-        let cfg = self.cfg.clone();
-        let decision = Decision {
-            outcome: RecoveryOutcome::TakenOver,
-            positions: Some(positions),
-            last_committed_id: next_id,
-            discard: Vec::new(),
-            confirm: None,
-            adopt: None,
-            warnings: Vec::new(),
-            identity: identity.clone(),
-            identity_origin: "the commit markers of the previous layout".to_string(),
-        };
-        let positions = self
-            .judge_recovered_identity(&decision)?
-            .unwrap_or_default();
-        for c in checkpoints {
-            self.store.forget(c.id)?;
-        }
-        self.store.put_committed(&Checkpoint {
-            id: next_id,
-            bridge_id: cfg.bridge.id.clone(),
-            instance: cfg.bridge.instance,
-            instances: cfg.bridge.instances,
-            state: CheckpointState::Committed,
-            positions: positions.clone(),
-            created_ms: now_ms(),
-            savepoint: None,
-            identity,
-        })?;
-        failpoint::hit("after-takeover");
-        info!(
-            layout = %layout,
-            checkpoint = next_id,
-            partitions = positions.len(),
-            fenced = ?self.fenced,
-            "taking over the partitions of the previous layout"
-        );
-        self.last_id = next_id;
-        self.start_from(Some(positions), RecoveryOutcome::TakenOver.as_str())
-    }
-
-    /// Learns the marker topic's partition count anew: a layout with more instances grows it
-    /// before it writes its intent there, and a read must cover every partition that exists when it
-    /// begins (the intent argument in docs/design.md, "Rescaling").
-    fn refresh_marker_partitions(&mut self) -> Result<()> {
-        if let Some(n) = self.admin.partitions(&self.cfg.sink.marker_topic)? {
-            self.marker_partitions = self.marker_partitions.max(n);
-        }
-        Ok(())
-    }
-
-    /// A fenced process looks for the newer layout that fenced it, to say so.
-    fn explain_fencing(&mut self, result: Result<()>) -> Result<()> {
-        let Err(BridgeError::Fenced { .. }) = &result else {
-            return result;
-        };
-        let Some(layout) = self.layout else {
-            return result;
-        };
-        let found = self.refresh_marker_partitions().and_then(|()| {
-            read_bridge_markers(
-                self.sink.settings(),
-                self.marker_partitions,
-                true,
-                CONNECT_DEADLINE,
-                &mut |_| {},
-            )
-        });
-        if let Ok(found) = found {
-            let cfg = &self.cfg.bridge;
-            if let Err(e) = plan_layout(
-                &cfg.id,
-                cfg.instance,
-                cfg.instances,
-                Some(layout),
-                &found,
-                &[],
-            ) {
-                error!(error = %e, "fenced by a newer layout");
-                return Err(e.into());
-            }
-        }
-        result
-    }
-
-    /// `run --from-savepoint`: the savepoints' positions (of the partitions this instance owns)
-    /// become a committed checkpoint numbered above everything seen so far, and the bridge starts
-    /// there. Its first commit writes a marker in the new layout.
-    fn restore_from(
-        &mut self,
-        restore: &Restore,
-        checkpoints: &[Checkpoint],
-        marker: Option<&Marker>,
-    ) -> Result<()> {
-        let cfg = self.cfg.clone();
-        let merged = restore
-            .positions(&cfg.bridge.id, cfg.bridge.instance, cfg.bridge.instances)
-            .map_err(|e| BridgeError::Setup(e.to_string()))?;
-        if let Some(c) = checkpoints.iter().find(|c| {
-            c.bridge_id != cfg.bridge.id
-                || c.instances != cfg.bridge.instances
-                || c.instance != cfg.bridge.instance
-        }) {
-            return Err(BridgeError::Setup(format!(
-                "state directory {} holds checkpoints of bridge '{}' instance {} of {}; restore a savepoint into a \
-                 new layout with an empty state directory",
-                cfg.bridge.state_dir.display(),
-                c.bridge_id,
-                c.instance,
-                c.instances
-            )));
-        }
-        for c in checkpoints
-            .iter()
-            .filter(|c| c.state == CheckpointState::Pending)
-        {
-            self.store.discard(c.id)?;
-        }
-        let owned = self.source.owned(&self.topics);
-        let positions: Positions = owned
-            .iter()
-            .filter_map(|(t, p)| merged.get(t, *p).map(|o| (t.clone(), *p, o)))
-            .collect();
-        let id = checkpoints
-            .iter()
-            .map(|c| c.id)
-            .chain(marker.map(|m| m.checkpoint_id))
-            .chain([restore.max_checkpoint_id()])
-            .max()
-            .unwrap_or(0)
-            + 1;
-        let now = self.restored_identity(restore, &positions)?;
-        self.store.put_committed(&self.committed_checkpoint(
-            id,
-            positions.clone(),
-            Some(restore.tag()),
-            Some(now),
-        ))?;
-        info!(tag = %restore.tag(), checkpoint = id, partitions = positions.len(), "restored from savepoint");
-        self.last_id = id;
-        self.start_from(Some(positions), "restored_from_savepoint")
-    }
-
-    /// A committed checkpoint of this instance's layout, stamped now.
-    fn committed_checkpoint(
-        &self,
-        id: u64,
-        positions: Positions,
-        savepoint: Option<String>,
-        identity: Option<Identity>,
-    ) -> Checkpoint {
-        Checkpoint {
-            id,
-            bridge_id: self.cfg.bridge.id.clone(),
-            instance: self.cfg.bridge.instance,
-            instances: self.cfg.bridge.instances,
-            state: CheckpointState::Committed,
-            positions,
-            created_ms: now_ms(),
-            savepoint,
-            identity,
-        }
-    }
-
-    /// Assigns the source at `saved` (None: the configured start position), with every owned
-    /// partition the positions do not know read from its beginning.
-    fn start_from(&mut self, saved: Option<Positions>, outcome: &'static str) -> Result<()> {
-        let cfg = self.cfg.clone();
-        self.shared
-            .metrics
-            .recoveries
-            .with_label_values(&[outcome])
-            .inc();
-        let owned = self.source.owned(&self.topics);
-        // Nothing committed yet: the start positions an earlier run resolved, if it kept any.
-        let first_run = saved.is_none();
-        let saved = match saved {
-            Some(s) => Some(s),
-            None => self.kept_start()?,
-        };
-        let had_state = saved.is_some();
-        let saved = saved.unwrap_or_default();
-        let mut positions = Positions::new();
-        let mut missing = Vec::new();
-        for (t, p) in &owned {
-            match saved.get(t, *p) {
-                Some(o) => positions.set(t, *p, o),
-                None => missing.push((t.clone(), *p)),
-            }
-        }
-        // Partitions a checkpoint does not know appeared after it: read them from their start.
-        let start = if had_state {
-            StartPosition::Earliest
-        } else {
-            cfg.source.start
-        };
-        for (t, p, o) in self.source.resolve(start, &missing)?.iter() {
-            positions.set(t, p, o);
-        }
-        self.check_out_of_range(&mut positions)?;
-        if first_run {
-            self.store.put_resolved_start(&self.committed_checkpoint(
-                0,
-                positions.clone(),
-                None,
-                None,
-            ))?;
-            if had_state {
-                info!(
-                    "no checkpoint yet: starting from the start positions kept by an earlier run"
-                );
-            } else {
-                info!(start = %cfg.source.start, "resolved source.start; the positions are kept until the first checkpoint");
-            }
-        }
-        self.source.assign(&positions)?;
-        for (t, p, _) in positions.iter() {
-            self.shared.metrics.preset_partition(t, p);
-        }
-        self.committed = positions;
-        info!(
-            outcome,
-            last_checkpoint = self.last_id,
-            partitions = self.committed.len(),
-            "recovered"
-        );
-        self.publish_positions();
-        status::update(&self.shared.status, |s| {
-            s.state = RunState::Running;
-            s.partitions_assigned = true;
-            s.last_checkpoint_id = self.last_id;
-        });
-        Ok(())
-    }
-
-    /// The start positions a run before the first commit resolved and kept, if they are this
-    /// instance's. An unreadable or foreign entry is as good as none: resolve again.
-    fn kept_start(&self) -> Result<Option<Positions>> {
-        let cfg = &self.cfg.bridge;
-        match self.store.resolved_start() {
-            Ok(Some(c))
-                if c.bridge_id == cfg.id
-                    && c.instance == cfg.instance
-                    && c.instances == cfg.instances =>
-            {
-                Ok(Some(c.positions))
-            }
-            Ok(Some(c)) => {
-                warn!(
-                    bridge_id = %c.bridge_id, instance = c.instance, instances = c.instances,
-                    "ignoring start positions kept for another bridge or layout; resolving source.start again"
-                );
-                Ok(None)
-            }
-            Ok(None) => Ok(None),
-            Err(e @ crate::checkpoint::StoreError::Corrupt { .. }) => {
-                warn!(error = %e, "ignoring unreadable kept start positions; resolving source.start again");
-                Ok(None)
-            }
-            Err(e) => Err(e.into()),
-        }
-    }
-
-    /// Positions that retention has deleted under us: fail, or continue from the earliest record
-    /// and count what was lost, as configured.
-    fn check_out_of_range(&mut self, positions: &mut Positions) -> Result<()> {
-        let snapshot: Vec<(String, i32, i64)> = positions
-            .iter()
-            .map(|(t, p, o)| (t.to_string(), p, o))
-            .collect();
-        let mut explained = BTreeSet::new();
-        let mut restarted = BTreeSet::new();
-        for (t, p, o) in snapshot {
-            if restarted.contains(&t) {
-                continue;
-            }
-            let (lo, hi) = self.source.watermarks(&t, p)?;
-            if o >= lo && o <= hi {
-                continue;
-            }
-            if explained.insert(t.clone()) {
-                restarted.extend(self.identity_explains(&t, positions)?);
-                if restarted.contains(&t) {
-                    continue;
-                }
-            }
-            let lost = if o < lo { lo - o } else { 0 };
-            match self.cfg.source.on_offset_out_of_range {
-                OutOfRange::Fail => {
-                    return Err(BridgeError::OffsetOutOfRange {
-                        topic: t,
-                        partition: p,
-                        position: o,
-                        earliest: lo,
-                        lost,
-                    })
-                }
-                OutOfRange::Earliest => {
-                    error!(
-                        topic = %t, partition = p, position = o, earliest = lo, lost,
-                        "source records were deleted by retention before they were read; continuing from the earliest"
-                    );
-                    self.shared
-                        .metrics
-                        .records_lost
-                        .with_label_values(&[t.as_str(), &p.to_string()])
-                        .inc_by(lost as u64);
-                    positions.set(&t, p, lo);
-                }
-            }
-        }
-        Ok(())
-    }
-
     fn publish_positions(&self) {
         let mut parts = Vec::with_capacity(self.committed.len());
         for (t, p, o) in self.committed.iter() {
@@ -1178,7 +708,7 @@ impl<'a> Pipeline<'a> {
                     if self.shutdown_requested() {
                         // Leave no open transaction behind; recovery resumes from the last commit.
                         let _ = self.sink.abort(self.cfg.checkpoint.timeout);
-                        return Err(BridgeError::Setup(format!(
+                        return Err(BridgeError::ShutdownIncomplete(format!(
                             "the final checkpoint failed during shutdown ({e}); nothing is lost: the next start \
                              resumes from checkpoint {}",
                             self.last_id
@@ -1239,6 +769,8 @@ impl<'a> Pipeline<'a> {
         }
     }
 
+    /// One epoch: read until the barrier, complete the checkpoint as the delivery mode says,
+    /// publish what it committed.
     fn epoch(&mut self) -> Result<()> {
         let id = self.last_id + 1;
         let cfg = self.cfg.clone();
@@ -1260,30 +792,61 @@ impl<'a> Pipeline<'a> {
         let savepoint_name = self.savepoint.as_ref().map(|(n, _, _)| n.clone());
 
         self.sink.begin()?;
-        let mut current = self.committed.clone();
-        let mut consumed: HashMap<Arc<str>, u64> = HashMap::new();
-        let mut produced: HashMap<Arc<str>, u64> = HashMap::new();
-        let mut dead_lettered: Vec<SourceRef> = Vec::new();
-        let mut samples: Vec<i64> = Vec::new();
+        let read = self.read_until_barrier(barrier_at)?;
+
+        // Barrier: P(N) = the positions read.
+        let barrier = Instant::now();
+        self.last_barrier = barrier;
+        self.shared
+            .metrics
+            .epochs_ended
+            .with_label_values(&[read.trigger])
+            .inc();
+        self.verify_epoch(&read.stats.consumed, &read.stats.produced)?;
+        let checkpoint = Checkpoint {
+            id,
+            bridge_id: cfg.bridge.id.clone(),
+            instance: cfg.bridge.instance,
+            instances: cfg.bridge.instances,
+            state: CheckpointState::Committed,
+            positions: read.positions,
+            // One time for the checkpoint, its marker and its savepoint reply.
+            created_ms: now_ms(),
+            savepoint: savepoint_name,
+            identity: Some(self.identity.clone()),
+        };
+        self.complete(&checkpoint, read.held, barrier + cfg.checkpoint.timeout)?;
+        self.publish(checkpoint, read.stats, barrier);
+        Ok(())
+    }
+
+    /// Polls and produces (at-most-once: holds) until the barrier: the interval, the size limit
+    /// or shutdown.
+    fn read_until_barrier(&mut self, barrier_at: Instant) -> Result<EpochRead> {
+        let cfg = self.cfg.clone();
+        let mut read = EpochRead {
+            positions: self.committed.clone(),
+            held: Vec::new(),
+            trigger: "interval",
+            stats: EpochStats::default(),
+        };
+        let stats = &mut read.stats;
         let mut count: u64 = 0;
-        // at-most-once checkpoints positions before producing, so it holds the epoch's records.
-        let mut held: Vec<OwnedMessage> = Vec::new();
-        let at_most_once = cfg.bridge.delivery == Delivery::AtMostOnce;
+        let holds = self.protocol.holds_records();
         // Output bytes of this epoch, against checkpoint.max_bytes.
         let mut epoch_bytes: u64 = 0;
-        let mut trigger = "interval";
 
         loop {
             let now = Instant::now();
             if self.shutdown_requested() {
-                trigger = "shutdown";
+                read.trigger = "shutdown";
                 break;
             }
             if now >= barrier_at {
                 break;
             }
             if epoch_bytes >= cfg.checkpoint.max_bytes {
-                trigger = "size";
+                read.trigger = "size";
                 break;
             }
             if self
@@ -1291,12 +854,12 @@ impl<'a> Pipeline<'a> {
                 .as_ref()
                 .is_some_and(|o| o.full(self.sink.runs().runs()))
             {
-                trigger = "offsets";
+                read.trigger = "offsets";
                 break;
             }
             // Waited out before a record is read, not after: a record read is in the epoch's
             // positions and must be sent in it. A record may overshoot the limit by its size.
-            if !at_most_once
+            if !holds
                 && !self
                     .sink
                     .wait_in_flight_below(self.in_flight.bytes(), barrier_at)
@@ -1325,12 +888,13 @@ impl<'a> Pipeline<'a> {
                 Some(Ok(m)) => m,
             };
             let src_topic = interned(&mut self.topic_names, msg.topic());
-            current.set(&src_topic, msg.partition(), msg.offset() + 1);
-            *consumed.entry(src_topic.clone()).or_default() += 1;
+            read.positions
+                .set(&src_topic, msg.partition(), msg.offset() + 1);
+            *stats.consumed.entry(src_topic.clone()).or_default() += 1;
             let ts = msg.timestamp().to_millis();
             if count.is_multiple_of(LATENCY_SAMPLE) {
                 if let Some(ts) = ts {
-                    samples.push(ts);
+                    stats.samples.push(ts);
                 }
             }
             count += 1;
@@ -1350,15 +914,15 @@ impl<'a> Pipeline<'a> {
                     .get(&topic)
                     .copied()
                     .unwrap_or(1);
-                dead_lettered.push(src.clone());
+                stats.dead_lettered.push(src.clone());
                 send_dead_letter(&mut self.sink, &topic, partitions, &msg, src, bad)?;
                 continue;
             }
             let (sink_topic, partition) =
                 self.router.route(msg.topic(), msg.partition(), msg.key());
-            *produced.entry(sink_topic.clone()).or_default() += 1;
-            if at_most_once {
-                held.push(msg.detach());
+            *stats.produced.entry(sink_topic.clone()).or_default() += 1;
+            if holds {
+                read.held.push(msg.detach());
                 continue;
             }
             self.sink.send(
@@ -1374,118 +938,46 @@ impl<'a> Pipeline<'a> {
                 failpoint::hit("after-produce");
             }
         }
+        Ok(read)
+    }
 
-        // Barrier: P(N) = current.
-        let barrier = Instant::now();
-        self.last_barrier = barrier;
-        self.shared
-            .metrics
-            .epochs_ended
-            .with_label_values(&[trigger])
-            .inc();
-        self.verify_epoch(&consumed, &produced)?;
-        let identity = Some(self.identity.clone());
-        let deadline = barrier + cfg.checkpoint.timeout;
-        // One time for the checkpoint and its savepoint reply.
-        let barrier_ms = now_ms();
-        let mut mapping = None;
-        let checkpoint = |state| Checkpoint {
-            id,
-            bridge_id: cfg.bridge.id.clone(),
-            instance: cfg.bridge.instance,
-            instances: cfg.bridge.instances,
-            state,
-            positions: current.clone(),
-            created_ms: barrier_ms,
-            savepoint: savepoint_name.clone(),
-            identity: identity.clone(),
+    /// Completes checkpoint `c` through the delivery mode's protocol, and keeps what the failure
+    /// path needs whatever the outcome: the pending checkpoint to discard, or (at-most-once) the
+    /// checkpoint already written, which a failure must rewind to.
+    fn complete(
+        &mut self,
+        c: &Checkpoint,
+        held: Vec<OwnedMessage>,
+        deadline: Instant,
+    ) -> Result<()> {
+        let store = self.store.clone();
+        let protocol = self.protocol;
+        let mut progress = Progress::default();
+        let mut output = EpochOutput {
+            p: self,
+            id: c.id,
+            held,
         };
-        match cfg.bridge.delivery {
-            Delivery::ExactlyOnce => {
-                let marker = Marker {
-                    version: MARKER_VERSION,
-                    bridge_id: cfg.bridge.id.clone(),
-                    instance: cfg.bridge.instance,
-                    instances: cfg.bridge.instances,
-                    checkpoint_id: id,
-                    positions: current.clone(),
-                    time_ms: barrier_ms,
-                    identity: identity.clone(),
-                };
-                self.sink.send_marker(&marker)?;
-                failpoint::hit("after-marker");
-                self.flush_until(id, deadline)?;
-                failpoint::hit("after-flush");
-                mapping = self.send_offset_mapping(id, barrier_ms, &current)?;
-                self.store
-                    .write_pending(&checkpoint(CheckpointState::Pending))?;
-                self.pending = Some(id);
-                failpoint::hit("after-precommit");
-                let t = Instant::now();
-                self.sink
-                    .commit(deadline)
-                    .map_err(|e| self.sink.classify(e))?;
-                self.shared
-                    .metrics
-                    .commit_duration
-                    .observe(t.elapsed().as_secs_f64());
-                failpoint::hit("after-commit");
-                self.pending = None;
-                self.store.mark_committed(id)?;
-                failpoint::hit("after-mark-committed");
-            }
-            Delivery::AtLeastOnce => {
-                self.flush_until(id, deadline)?;
-                self.sink.commit(deadline)?;
-                self.store
-                    .put_committed(&checkpoint(CheckpointState::Committed))?;
-            }
-            Delivery::AtMostOnce => {
-                self.store
-                    .put_committed(&checkpoint(CheckpointState::Committed))?;
-                // The epoch is checkpointed before a record is written: from here on a failure
-                // must rewind to these positions, not to the previous checkpoint's, or the
-                // records already written would be written again.
-                self.committed = current.clone();
-                self.last_id = id;
-                for m in held.drain(..) {
-                    let (sink_topic, partition) =
-                        self.router.route(m.topic(), m.partition(), m.key());
-                    let src = SourceRef {
-                        topic: self.topic_name(m.topic()),
-                        partition: m.partition(),
-                        offset: m.offset(),
-                    };
-                    let headers = m.headers().cloned();
-                    // Past the deadline the flush below times out; sending on is still the best
-                    // chance of delivering what was checkpointed.
-                    self.sink
-                        .wait_in_flight_below(self.in_flight.bytes(), deadline);
-                    self.sink.send(
-                        &sink_topic,
-                        partition,
-                        m.key(),
-                        m.payload(),
-                        headers,
-                        m.timestamp().to_millis(),
-                        src,
-                    )?;
-                }
-                // A failure now loses the epoch's records: that is what at-most-once promises. A
-                // bad record still stops the bridge, as it does in the other modes.
-                match self.flush_until(id, deadline) {
-                    Err(e) if blamed_record(&e).is_some() => return Err(e),
-                    Err(e) => {
-                        warn!(error = %e, "at-most-once: records of this epoch were not all delivered")
-                    }
-                    Ok(()) => {}
-                }
-                self.sink.commit(deadline)?;
-            }
+        let result = protocol.complete(&mut output, &*store, c, deadline, &mut progress);
+        self.pending = progress.pending;
+        if progress.checkpointed_ahead {
+            self.committed = c.positions.clone();
+            self.last_id = c.id;
         }
+        if let Some(took) = progress.commit_took {
+            self.shared
+                .metrics
+                .commit_duration
+                .observe(took.as_secs_f64());
+        }
+        result
+    }
 
-        // Committed.
-        if let (Some(t), Some(m)) = (self.offsets.as_mut(), mapping) {
+    /// After the commit: the savepoint reply, metrics, positions and status.
+    fn publish(&mut self, c: Checkpoint, stats: EpochStats, barrier: Instant) {
+        let cfg = self.cfg.clone();
+        let id = c.id;
+        if let (Some(t), Some(m)) = (self.offsets.as_mut(), self.mapping.take()) {
             self.shared
                 .metrics
                 .offset_mapping_runs
@@ -1493,10 +985,10 @@ impl<'a> Pipeline<'a> {
             t.committed(m);
         }
         if let Some(m) = &self.monitor {
-            m.committed(self.source.positions_past_markers(&current));
+            m.committed(self.source.positions_past_markers(&c.positions));
         }
         if let Some((name, stop, reply)) = self.savepoint.take() {
-            let sp = Savepoint::from_checkpoint(&checkpoint(CheckpointState::Committed));
+            let sp = Savepoint::from_checkpoint(&c);
             info!(savepoint = %name, checkpoint = id, stop, "savepoint taken");
             if stop {
                 self.shared.shutdown.cancel();
@@ -1505,13 +997,13 @@ impl<'a> Pipeline<'a> {
         }
         let m = &self.shared.metrics;
         let done_ms = now_ms();
-        for (t, n) in consumed {
+        for (t, n) in stats.consumed {
             m.records_consumed.with_label_values(&[&t]).inc_by(n);
         }
-        for (t, n) in produced {
+        for (t, n) in stats.produced {
             m.records_produced.with_label_values(&[&t]).inc_by(n);
         }
-        for src in &dead_lettered {
+        for src in &stats.dead_lettered {
             m.records_dead_lettered
                 .with_label_values(&[&src.topic])
                 .inc();
@@ -1522,7 +1014,7 @@ impl<'a> Pipeline<'a> {
                 "bad record dead-lettered"
             );
         }
-        for ts in samples {
+        for ts in stats.samples {
             m.end_to_end_latency
                 .observe(((done_ms - ts).max(0) as f64) / 1000.0);
         }
@@ -1531,7 +1023,7 @@ impl<'a> Pipeline<'a> {
             .observe(barrier.elapsed().as_secs_f64());
         m.last_checkpoint_id.set(id as i64);
         m.last_checkpoint_timestamp.set(done_ms / 1000);
-        self.committed = current;
+        self.committed = c.positions;
         self.last_id = id;
         // A bad record behind the committed positions is never read again.
         if !self.bad_records.is_empty() {
@@ -1549,7 +1041,6 @@ impl<'a> Pipeline<'a> {
             s.last_checkpoint_at = Some(Instant::now());
             s.heartbeat = Instant::now();
         });
-        Ok(())
     }
 
     /// Sends checkpoint `id`'s offset mapping into its transaction (after the flush, so that every
@@ -1646,7 +1137,7 @@ impl<'a> Pipeline<'a> {
         // Dead letters need the epoch replayed, which at-most-once cannot (it checkpointed past
         // the epoch already); and a bad record seen before is one the dead-letter topic refused.
         let dead_letter = self.cfg.sink.on_bad_record == OnBadRecord::DeadLetter
-            && self.cfg.bridge.delivery != Delivery::AtMostOnce;
+            && self.protocol.replays_failed_epochs();
         let bad_stops = bad
             .as_ref()
             .is_some_and(|(src, _)| !dead_letter || self.bad_records.contains_key(src));
@@ -1723,7 +1214,7 @@ impl<'a> Pipeline<'a> {
                 fix_for(bad.code, &dlq),
             )
         } else {
-            let dead_letter = if cfg.bridge.delivery == Delivery::AtMostOnce {
+            let dead_letter = if !self.protocol.replays_failed_epochs() {
                 ""
             } else {
                 ", or set [sink] on_bad_record = \"dead-letter\" to write such records to a dead-letter topic and go on"
@@ -1733,28 +1224,7 @@ impl<'a> Pipeline<'a> {
                 format!("{}{dead_letter}", fix_for(bad.code, &sink_topic)),
             )
         };
-        let resume = self.last_id;
-        let outcome = match cfg.bridge.delivery {
-            Delivery::ExactlyOnce if aborted => format!(
-                "The bridge stopped with the transaction of checkpoint {} aborted, so nothing of it is visible; a \
-                 restart resumes from checkpoint {resume} and stops here again until the fix",
-                resume + 1
-            ),
-            Delivery::ExactlyOnce => format!(
-                "The bridge stopped; the transaction of checkpoint {} could not be aborted and is aborted by the \
-                 coordinator after transaction.timeout, so nothing of it becomes visible; a restart resumes from \
-                 checkpoint {resume} and stops here again until the fix",
-                resume + 1
-            ),
-            Delivery::AtLeastOnce => format!(
-                "The bridge stopped; a restart resumes from checkpoint {resume}, writes again what this epoch \
-                 delivered before the record (at-least-once), and stops here again until the fix"
-            ),
-            Delivery::AtMostOnce => "The bridge stopped; at-most-once had checkpointed past this epoch's records \
-                 before writing them, so this record and the epoch's records not yet written are lost, and a \
-                 restart continues after them"
-                .to_string(),
-        };
+        let outcome = self.protocol.stop_outcome(aborted, self.last_id);
         BridgeError::PoisonRecord(Box::new(BadRecordStop {
             topic: src.topic.to_string(),
             partition: src.partition,
@@ -2024,9 +1494,9 @@ mod tests {
         let mut calls = 0;
         let got: Result<Option<()>> = wait_out(&shared, "test", transient, || {
             calls += 1;
-            Err(BridgeError::Setup("permanent".into()))
+            Err(BridgeError::Runtime("permanent".into()))
         });
-        assert!(matches!(got, Err(BridgeError::Setup(_))));
+        assert!(matches!(got, Err(BridgeError::Runtime(_))));
         assert_eq!(calls, 1, "a permanent error is not retried");
 
         let token = shared.shutdown.clone();

@@ -21,7 +21,7 @@ use crate::positions::Positions;
 use crate::source::owns;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum RecoveryOutcome {
+pub(crate) enum RecoveryOutcome {
     /// Nothing was ever committed: start from the configured start position.
     Fresh,
     /// Resume from a checkpoint whose commit is proven; nothing uncommitted was found.
@@ -35,7 +35,7 @@ pub enum RecoveryOutcome {
 }
 
 impl RecoveryOutcome {
-    pub const ALL: [RecoveryOutcome; 5] = [
+    pub(crate) const ALL: [RecoveryOutcome; 5] = [
         RecoveryOutcome::Fresh,
         RecoveryOutcome::Committed,
         RecoveryOutcome::RolledBack,
@@ -44,7 +44,7 @@ impl RecoveryOutcome {
     ];
 
     /// The value of the `outcome` label of the recoveries metric.
-    pub fn as_str(&self) -> &'static str {
+    pub(crate) fn as_str(&self) -> &'static str {
         match self {
             RecoveryOutcome::Fresh => "fresh",
             RecoveryOutcome::Committed => "committed",
@@ -56,7 +56,7 @@ impl RecoveryOutcome {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Decision {
+pub(crate) struct Decision {
     pub outcome: RecoveryOutcome,
     /// Where to start; None means "no committed state: use the configured start position".
     pub positions: Option<Positions>,
@@ -97,9 +97,54 @@ pub enum RecoveryError {
     },
 }
 
+/// The instance slot a process runs as: bridge id, instance, and the number of instances of its
+/// layout. It is the one judge of whether a checkpoint, a commit marker or kept start positions
+/// are this process's own.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Slot<'a> {
+    pub bridge_id: &'a str,
+    pub instance: u32,
+    pub instances: u32,
+}
+
+impl Slot<'_> {
+    /// Whether state written by `bridge_id` instance `instance` of `instances` is this slot's.
+    pub(crate) fn is(&self, bridge_id: &str, instance: u32, instances: u32) -> bool {
+        (bridge_id, instance, instances) == (self.bridge_id, self.instance, self.instances)
+    }
+
+    pub(crate) fn owns_checkpoint(&self, c: &Checkpoint) -> bool {
+        self.is(&c.bridge_id, c.instance, c.instances)
+    }
+
+    pub(crate) fn owns_marker(&self, m: &Marker) -> bool {
+        self.is(&m.bridge_id, m.instance, m.instances)
+    }
+
+    /// A layout mismatch as the error that stops recovery; `origin` names what carried it.
+    fn judge(
+        &self,
+        origin: impl FnOnce() -> String,
+        found: (&str, u32, u32),
+    ) -> Result<(), RecoveryError> {
+        if self.is(found.0, found.1, found.2) {
+            return Ok(());
+        }
+        Err(RecoveryError::LayoutMismatch {
+            origin: origin(),
+            found_bridge_id: found.0.to_string(),
+            found_instance: found.1,
+            found_instances: found.2,
+            bridge_id: self.bridge_id.to_string(),
+            instance: self.instance,
+            instances: self.instances,
+        })
+    }
+}
+
 /// Decides where to resume. `checkpoints` are the decodable checkpoints of the state directory in
 /// any order; `marker` is this instance's newest committed marker, if the marker topic has one.
-pub fn decide(
+pub(crate) fn decide(
     bridge_id: &str,
     instance: u32,
     instances: u32,
@@ -107,29 +152,20 @@ pub fn decide(
     marker: Option<&Marker>,
     now_ms: i64,
 ) -> Result<Decision, RecoveryError> {
-    let mismatch = |origin: String, found: (&str, u32, u32)| {
-        if found == (bridge_id, instance, instances) {
-            return Ok(());
-        }
-        Err(RecoveryError::LayoutMismatch {
-            origin,
-            found_bridge_id: found.0.to_string(),
-            found_instance: found.1,
-            found_instances: found.2,
-            bridge_id: bridge_id.to_string(),
-            instance,
-            instances,
-        })
+    let slot = Slot {
+        bridge_id,
+        instance,
+        instances,
     };
     if let Some(m) = marker {
-        mismatch(
-            format!("commit marker {}", m.checkpoint_id),
+        slot.judge(
+            || format!("commit marker {}", m.checkpoint_id),
             (&m.bridge_id, m.instance, m.instances),
         )?;
     }
     for c in checkpoints {
-        mismatch(
-            format!("checkpoint {} in the state directory", c.id),
+        slot.judge(
+            || format!("checkpoint {} in the state directory", c.id),
             (&c.bridge_id, c.instance, c.instances),
         )?;
     }
@@ -293,7 +329,7 @@ pub fn decide(
 
 /// What an instance does about layouts at start-up (docs/design.md, "Rescaling").
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum LayoutPlan {
+pub(crate) enum LayoutPlan {
     /// The instance has committed in its layout before: recover from its own newest marker
     /// (`decide`); None only for a bridge with no marker at all.
     Resume { layout: Layout, own: Option<Marker> },
@@ -313,7 +349,7 @@ pub enum LayoutPlan {
 }
 
 impl LayoutPlan {
-    pub fn layout(&self) -> Layout {
+    pub(crate) fn layout(&self) -> Layout {
         match self {
             LayoutPlan::Resume { layout, .. } | LayoutPlan::TakeOver { layout, .. } => *layout,
         }
@@ -351,7 +387,7 @@ pub enum LayoutError {
 /// (5) the position of a partition is the one in the newest (layout, checkpoint id) real marker
 /// of a lower layout that holds it, and the owners of our partitions in every lower layout found
 /// are fenced.
-pub fn plan_layout(
+pub(crate) fn plan_layout(
     bridge_id: &str,
     instance: u32,
     instances: u32,

@@ -22,7 +22,7 @@ const MAX_FILE_BYTES: u64 = 1 << 20;
 
 /// Resolves every reference in the keys that may hold secrets, in place, and returns one error per
 /// reference that could not be resolved (its key keeps the reference text).
-pub fn resolve(config: &mut Config, env: &HashMap<String, String>) -> Vec<ConfigError> {
+pub(crate) fn resolve(config: &mut Config, env: &HashMap<String, String>) -> Vec<ConfigError> {
     let mut errors = Vec::new();
     for (section, props) in [
         ("source", &mut config.source.kafka),

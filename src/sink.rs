@@ -1,6 +1,6 @@
 //! The sink side: the one owner of the transactional producer and of the transaction's state
-//! machine (ready → open → flushed → committed or aborted), plus reading back the newest
-//! committed commit marker.
+//! machine (ready → open → flushed → committed or aborted), and of the fencing of other
+//! transactional ids. Markers are read back by `marker`.
 //!
 //! Nothing else in the crate touches the producer. Every call here blocks (librdkafka's
 //! transaction API does), so the pipeline runs on a thread of its own, never on the async
@@ -13,34 +13,32 @@
 //! error, which outranks the collateral ones (purged, erroneous state), and a refused send waits
 //! briefly for the delivery reports that say which record really failed.
 
-use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use rdkafka::config::ClientConfig;
-use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{Message, OwnedHeaders, ToBytes};
 use rdkafka::producer::{BaseRecord, DeliveryResult, Producer, ProducerContext, ThreadedProducer};
-use rdkafka::{ClientContext, Offset, TopicPartitionList};
+use rdkafka::ClientContext;
 use tracing::{info, warn};
 
 use crate::error::{classify_kafka, is_auth, is_fencing, Action, BridgeError, Result};
-use crate::marker::{parse_marker_key, FoundMarker, Layout, Marker};
+use crate::marker::Marker;
 use crate::offsets::mapping::RunCollector;
 
 /// Where an output record came from; carried through librdkafka so that a failed delivery names
 /// its source record. The commit marker carries the marker topic's partition and offset -1.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub struct SourceRef {
+pub(crate) struct SourceRef {
     pub topic: Arc<str>,
     pub partition: i32,
     pub offset: i64,
 }
 
 #[derive(Clone, Debug)]
-pub struct DeliveryFailure {
+pub(crate) struct DeliveryFailure {
     pub source: SourceRef,
     pub code: Option<RDKafkaErrorCode>,
     pub reason: String,
@@ -59,7 +57,7 @@ fn size_error(code: Option<RDKafkaErrorCode>) -> bool {
 }
 
 /// Errors a record fails with however often it is sent: the record itself is bad.
-pub fn is_permanent_record_error(code: Option<RDKafkaErrorCode>) -> bool {
+pub(crate) fn is_permanent_record_error(code: Option<RDKafkaErrorCode>) -> bool {
     matches!(
         code,
         Some(
@@ -112,7 +110,7 @@ const SETTLE_GRACE: Duration = Duration::from_millis(500);
 const REPORT_WAIT: Duration = Duration::from_millis(2);
 
 #[derive(Default)]
-pub struct SinkContext {
+pub(crate) struct SinkContext {
     failed: AtomicBool,
     first_failure: Mutex<Option<DeliveryFailure>>,
     /// Key and payload bytes handed to librdkafka whose delivery report has not arrived.
@@ -246,7 +244,7 @@ impl ProducerContext for SinkContext {
 
 /// The in-flight limit never goes below this (nor above the configured cap): a few batches, so
 /// that a throttled sink still gets full requests.
-pub const MIN_IN_FLIGHT_LIMIT: u64 = 64 * 1024;
+pub(crate) const MIN_IN_FLIGHT_LIMIT: u64 = 64 * 1024;
 /// A flush that delivered less than this in less than its budget measured the sink's latency, not
 /// its rate: it leaves the limit alone.
 const RATE_SAMPLE_MIN_BYTES: u64 = 64 * 1024;
@@ -259,7 +257,7 @@ const RATE_SAMPLE_MIN_BYTES: u64 = 64 * 1024;
 /// a slow flush (or a timed-out one) sets the limit from it at once, a fast flush that delivered
 /// a fair amount lets it grow, at most twofold per checkpoint.
 #[derive(Clone, Copy, Debug, PartialEq)]
-pub struct InFlightLimit {
+pub(crate) struct InFlightLimit {
     limit: u64,
     floor: u64,
     cap: u64,
@@ -269,7 +267,7 @@ pub struct InFlightLimit {
 
 impl InFlightLimit {
     /// Starts at the cap: until a flush says otherwise, the sink is taken to be fast.
-    pub fn new(cap: u64, checkpoint_timeout: Duration) -> InFlightLimit {
+    pub(crate) fn new(cap: u64, checkpoint_timeout: Duration) -> InFlightLimit {
         let cap = cap.max(1);
         InFlightLimit {
             limit: cap,
@@ -279,7 +277,7 @@ impl InFlightLimit {
         }
     }
 
-    pub fn bytes(&self) -> u64 {
+    pub(crate) fn bytes(&self) -> u64 {
         self.limit
     }
 
@@ -290,7 +288,7 @@ impl InFlightLimit {
     }
 
     /// A flush delivered `delivered` bytes in `took`.
-    pub fn flushed(&mut self, delivered: u64, took: Duration) {
+    pub(crate) fn flushed(&mut self, delivered: u64, took: Duration) {
         let fits = self.fits_budget(delivered, took);
         if took > self.budget {
             // The sink was busy the whole flush: its rate is what was measured.
@@ -302,7 +300,7 @@ impl InFlightLimit {
     }
 
     /// A flush timed out after delivering `delivered` bytes in `took`: at least halve the limit.
-    pub fn timed_out(&mut self, delivered: u64, took: Duration) {
+    pub(crate) fn timed_out(&mut self, delivered: u64, took: Duration) {
         let fits = self.fits_budget(delivered, took);
         self.limit = fits.min(self.limit / 2).clamp(self.floor, self.cap);
     }
@@ -313,7 +311,7 @@ type Refused<'r, K, P> = (KafkaError, BaseRecord<'r, K, P, Box<SourceRef>>);
 
 /// How the sink writes: in transactions (exactly-once) or with a plain idempotent producer.
 #[derive(Clone, Debug)]
-pub struct SinkSettings {
+pub(crate) struct SinkSettings {
     pub bootstrap_servers: String,
     pub kafka: Vec<(String, String)>,
     /// Some for exactly-once.
@@ -325,7 +323,6 @@ pub struct SinkSettings {
     /// longer than any transaction can stay open on the sink cluster.
     pub foreign_transaction_wait: Duration,
     pub bridge_id: String,
-    pub instance: u32,
     /// The key of this instance's markers in its layout (`marker::layout_marker_key`).
     pub marker_key: String,
 }
@@ -340,7 +337,7 @@ enum TxnState {
     Flushed(Instant),
 }
 
-pub struct Sink {
+pub(crate) struct Sink {
     settings: SinkSettings,
     producer: ThreadedProducer<SinkContext>,
     state: TxnState,
@@ -357,7 +354,7 @@ const DEFAULT_BATCH_SIZE: usize = 1_000_000;
 /// broker refuses a whole batch above it, and librdkafka does not split batches. librdkafka counts
 /// batch.size before compression but with the protocol's framing; what is left over (a sixteenth,
 /// at most 16 KiB) covers what compressing incompressible records adds, a few bytes per block.
-pub fn batch_size_within(max_message_bytes: i64) -> usize {
+pub(crate) fn batch_size_within(max_message_bytes: i64) -> usize {
     let limit = usize::try_from(max_message_bytes).unwrap_or(0);
     (limit - (limit / 16).min(16 * 1024)).max(1)
 }
@@ -403,7 +400,7 @@ impl Sink {
     /// Builds the producer and, for exactly-once, initialises transactions: this fences any older
     /// producer with our transactional id and has the coordinator finish or abort whatever it left
     /// open. Retriable failures are retried until `deadline`.
-    pub fn connect(settings: SinkSettings, deadline: Duration) -> Result<Sink> {
+    pub(crate) fn connect(settings: SinkSettings, deadline: Duration) -> Result<Sink> {
         let producer = build_producer(&settings, None)?;
         let sink = Sink {
             settings,
@@ -416,11 +413,11 @@ impl Sink {
         Ok(sink)
     }
 
-    pub fn settings(&self) -> &SinkSettings {
+    pub(crate) fn settings(&self) -> &SinkSettings {
         &self.settings
     }
 
-    pub fn is_transactional(&self) -> bool {
+    pub(crate) fn is_transactional(&self) -> bool {
         self.settings.transactional_id.is_some()
     }
 
@@ -453,7 +450,7 @@ impl Sink {
     }
 
     /// Drops the producer and builds a new one: the way out of a fatal producer error.
-    pub fn rebuild(&mut self, deadline: Duration) -> Result<()> {
+    pub(crate) fn rebuild(&mut self, deadline: Duration) -> Result<()> {
         warn!(transactional_id = %self.transactional_id(), "rebuilding the sink producer");
         self.replace_producer(deadline)
     }
@@ -471,7 +468,7 @@ impl Sink {
     /// Keeps every batch within a sink topic's max.message.bytes, so that no innocent record is
     /// refused with a batch that grew too large. A lower limit than any seen so far rebuilds the
     /// producer: only call it with no transaction open.
-    pub fn cap_batch_size(
+    pub(crate) fn cap_batch_size(
         &mut self,
         topic: &str,
         max_message_bytes: i64,
@@ -498,7 +495,7 @@ impl Sink {
     }
 
     /// Age of the open transaction, if one is open.
-    pub fn transaction_age(&self) -> Option<Duration> {
+    pub(crate) fn transaction_age(&self) -> Option<Duration> {
         match self.state {
             TxnState::Ready => None,
             TxnState::Open(t) | TxnState::Flushed(t) => Some(t.elapsed()),
@@ -543,7 +540,7 @@ impl Sink {
     }
 
     /// Turns an error whose action is Rebuild into Fenced when another live producer fenced us.
-    pub fn classify(&self, err: BridgeError) -> BridgeError {
+    pub(crate) fn classify(&self, err: BridgeError) -> BridgeError {
         match err {
             BridgeError::Kafka { op, source } => self.fenced_or(source, op),
             BridgeError::Delivery { code, .. }
@@ -564,7 +561,7 @@ impl Sink {
         }
     }
 
-    pub fn begin(&mut self) -> Result<()> {
+    pub(crate) fn begin(&mut self) -> Result<()> {
         debug_assert_eq!(self.state, TxnState::Ready, "begin with a transaction open");
         // A failure from an earlier transaction must not leak into this one, nor its runs.
         self.producer.context().take_failure();
@@ -583,7 +580,7 @@ impl Sink {
     /// reported with its source; one refused because the transaction already failed is not to
     /// blame, and the record that failed first is reported instead.
     #[allow(clippy::too_many_arguments)]
-    pub fn send(
+    pub(crate) fn send(
         &mut self,
         topic: &str,
         partition: i32,
@@ -658,7 +655,7 @@ impl Sink {
     }
 
     /// Makes librdkafka learn a topic's current partitions (after the pipeline added some).
-    pub fn refresh_metadata(&self, topic: &str) {
+    pub(crate) fn refresh_metadata(&self, topic: &str) {
         if let Err(e) = self
             .producer
             .client()
@@ -702,19 +699,19 @@ impl Sink {
     }
 
     /// Key and payload bytes handed to the producer and not yet acknowledged (or failed).
-    pub fn in_flight_bytes(&self) -> u64 {
+    pub(crate) fn in_flight_bytes(&self) -> u64 {
         self.producer.context().in_flight_bytes()
     }
 
     /// Bytes whose delivery report arrived since the producer was built; only differences of it
     /// mean anything.
-    pub fn reported_bytes(&self) -> u64 {
+    pub(crate) fn reported_bytes(&self) -> u64 {
         self.producer.context().reported_bytes()
     }
 
     /// Waits until fewer than `limit` bytes are in flight, or `until` passes; says whether the
     /// bytes in flight are below the limit. Woken by each delivery report, not by polling.
-    pub fn wait_in_flight_below(&self, limit: u64, until: Instant) -> bool {
+    pub(crate) fn wait_in_flight_below(&self, limit: u64, until: Instant) -> bool {
         let ctx = self.producer.context();
         loop {
             if ctx.in_flight_bytes() < limit {
@@ -735,7 +732,7 @@ impl Sink {
     }
 
     /// Whether delivery reports feed the offset mapping's runs (kept across producer rebuilds).
-    pub fn collect_runs(&mut self, on: bool) {
+    pub(crate) fn collect_runs(&mut self, on: bool) {
         self.collecting = on;
         self.producer
             .context()
@@ -744,7 +741,7 @@ impl Sink {
     }
 
     /// The runs collected from the delivery reports of the open transaction.
-    pub fn runs(&self) -> std::sync::MutexGuard<'_, RunCollector> {
+    pub(crate) fn runs(&self) -> std::sync::MutexGuard<'_, RunCollector> {
         self.producer
             .context()
             .runs
@@ -754,7 +751,7 @@ impl Sink {
 
     /// Queues one record of the offset mapping into the open transaction, after the flush: it
     /// commits or aborts with the checkpoint's output and marker. commit_transaction flushes it.
-    pub fn send_mapping(&mut self, topic: &str, key: &str, payload: &[u8]) -> Result<()> {
+    pub(crate) fn send_mapping(&mut self, topic: &str, key: &str, payload: &[u8]) -> Result<()> {
         let me = Box::new(SourceRef {
             topic: topic.into(),
             partition: 0,
@@ -773,7 +770,7 @@ impl Sink {
     }
 
     /// Queues the commit marker M(N) into the open transaction.
-    pub fn send_marker(&mut self, marker: &Marker) -> Result<()> {
+    pub(crate) fn send_marker(&mut self, marker: &Marker) -> Result<()> {
         let key = self.settings.marker_key.clone();
         let payload = marker.encode();
         let me = Box::new(SourceRef {
@@ -837,7 +834,7 @@ impl Sink {
 
     /// Waits until every record of the open transaction is acknowledged; any delivery error
     /// (reported with its source record) fails the checkpoint.
-    pub fn flush(&mut self, timeout: Duration) -> Result<()> {
+    pub(crate) fn flush(&mut self, timeout: Duration) -> Result<()> {
         let began = match self.state {
             TxnState::Open(t) | TxnState::Flushed(t) => t,
             TxnState::Ready => Instant::now(),
@@ -853,7 +850,7 @@ impl Sink {
 
     /// Commits the open transaction, retrying retriable failures until `deadline` passes. The
     /// caller has made the pending checkpoint durable before this call.
-    pub fn commit(&mut self, deadline: Instant) -> Result<()> {
+    pub(crate) fn commit(&mut self, deadline: Instant) -> Result<()> {
         if !self.is_transactional() {
             self.state = TxnState::Ready;
             return Ok(());
@@ -890,7 +887,7 @@ impl Sink {
 
     /// Aborts the open transaction (a no-op without one, or without transactions). Records not
     /// yet delivered are purged by librdkafka.
-    pub fn abort(&mut self, timeout: Duration) -> Result<()> {
+    pub(crate) fn abort(&mut self, timeout: Duration) -> Result<()> {
         if self.state == TxnState::Ready {
             return Ok(());
         }
@@ -922,22 +919,6 @@ impl Sink {
             }
         }
     }
-
-    /// Reads this instance's newest committed commit marker (read_committed), scanning backwards
-    /// from the last stable offset of its marker partition in windows, so that recovery costs the
-    /// same however long the marker topic has grown since its last compaction.
-    pub fn read_newest_marker(
-        &self,
-        timeout: Duration,
-        report: MarkerWait<'_>,
-    ) -> Result<Option<Marker>> {
-        read_newest_marker(
-            &self.settings,
-            timeout,
-            self.settings.foreign_transaction_wait,
-            report,
-        )
-    }
 }
 
 fn classify_kafka_err(e: &BridgeError) -> Action {
@@ -947,340 +928,9 @@ fn classify_kafka_err(e: &BridgeError) -> Action {
     }
 }
 
-const MARKER_WINDOW: i64 = 256;
-
-/// What the marker read reports while it waits for other producers' transactions to finish.
-pub type MarkerWait<'a> = &'a mut dyn FnMut(Option<&ForeignTransactionWait>);
-
-/// A marker read held back by a transaction of another producer on the marker partition.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ForeignTransactionWait {
-    pub topic: String,
-    pub partition: i32,
-    pub last_stable_offset: i64,
-    pub high_watermark: i64,
-    pub waited: Duration,
-}
-
-fn marker_reader(s: &SinkSettings, isolation: &str) -> Result<BaseConsumer> {
-    let mut cc = ClientConfig::new();
-    for (k, v) in &s.kafka {
-        if is_client_wide(k) {
-            cc.set(k, v);
-        }
-    }
-    cc.set("bootstrap.servers", &s.bootstrap_servers)
-        .set(
-            "group.id",
-            format!("eos-bridge.{}.marker-reader", s.bridge_id),
-        )
-        .set("enable.auto.commit", "false")
-        .set("isolation.level", isolation)
-        .set("enable.partition.eof", "true")
-        .set("auto.offset.reset", "earliest")
-        .create()
-        .map_err(|e| BridgeError::kafka("create marker reader", e))
-}
-
-/// Waits until the marker partition's last stable offset reaches the high watermark that the
-/// partition had when the wait began, and returns that offset.
-///
-/// Why this proves the read complete: the caller has run init_transactions, which returns only
-/// once the coordinator has finished every earlier transaction of our transactional id, so every
-/// marker we ever committed lies below the high watermark H read now. A read_committed reader
-/// sees everything below the last stable offset, and the LSO reaches H once no transaction that
-/// has a record below H is still open. Transactions that begin later start at or above H and
-/// cannot hold the LSO below it, so the wait ends when the slowest foreign transaction open now
-/// commits or is aborted, at the latest when the coordinator times it out.
-fn wait_for_stable_marker_partition(
-    s: &SinkSettings,
-    committed: &BaseConsumer,
-    deadline: Instant,
-    report: MarkerWait<'_>,
-) -> Result<i64> {
-    let t = Duration::from_secs(10);
-    let uncommitted = marker_reader(s, "read_uncommitted")?;
-    let (_, high) = uncommitted
-        .fetch_watermarks(&s.marker_topic, s.marker_partition, t)
-        .map_err(|e| BridgeError::kafka("fetch marker high watermark", e))?;
-    let began = Instant::now();
-    let mut last_log: Option<Instant> = None;
-    let mut pause = Duration::from_millis(20);
-    loop {
-        let (_, lso) = committed
-            .fetch_watermarks(&s.marker_topic, s.marker_partition, t)
-            .map_err(|e| BridgeError::kafka("fetch marker last stable offset", e))?;
-        if lso >= high {
-            if last_log.is_some() {
-                info!(
-                    topic = %s.marker_topic, partition = s.marker_partition,
-                    waited_ms = began.elapsed().as_millis() as u64,
-                    "the marker partition is stable again; reading the newest commit marker"
-                );
-            }
-            report(None);
-            return Ok(lso);
-        }
-        let wait = ForeignTransactionWait {
-            topic: s.marker_topic.clone(),
-            partition: s.marker_partition,
-            last_stable_offset: lso,
-            high_watermark: high,
-            waited: began.elapsed(),
-        };
-        if Instant::now() >= deadline {
-            return Err(BridgeError::MarkerPartitionUnstable {
-                topic: wait.topic,
-                partition: wait.partition,
-                last_stable_offset: lso,
-                high_watermark: high,
-                waited: wait.waited,
-            });
-        }
-        if last_log.is_none_or(|l| l.elapsed() >= Duration::from_secs(5)) {
-            warn!(
-                topic = %s.marker_topic, partition = s.marker_partition,
-                last_stable_offset = lso, high_watermark = high,
-                waited_ms = wait.waited.as_millis() as u64,
-                "an open transaction of another producer holds back the marker partition; \
-                 waiting for it to finish before deciding where to resume"
-            );
-            last_log = Some(Instant::now());
-        }
-        report(Some(&wait));
-        std::thread::sleep(pause.min(deadline.saturating_duration_since(Instant::now())));
-        pause = (pause * 2).min(Duration::from_millis(500));
-    }
-}
-
-/// Reads the instance's newest committed commit marker, read_committed, scanning backwards from
-/// the last stable offset of its marker partition in windows, so that recovery costs the same
-/// however long the marker topic has grown since its last compaction.
-///
-/// The read is complete or it fails: it first waits (until `stable_deadline`) for every
-/// transaction that was open on the partition to finish (see
-/// [`wait_for_stable_marker_partition`]); `timeout` bounds the reading itself. A marker of another
-/// bridge or instance in the partition is an error: a shared marker partition lets a neighbour's
-/// transaction hold back our recovery.
-pub fn read_newest_marker(
-    s: &SinkSettings,
-    timeout: Duration,
-    stable_deadline: Duration,
-    report: MarkerWait<'_>,
-) -> Result<Option<Marker>> {
-    let consumer = marker_reader(s, "read_committed")?;
-    let (low, _) = consumer
-        .fetch_watermarks(&s.marker_topic, s.marker_partition, timeout)
-        .map_err(|e| BridgeError::kafka("fetch marker watermarks", e))?;
-    let lso =
-        wait_for_stable_marker_partition(s, &consumer, Instant::now() + stable_deadline, report)?;
-    let end_at = Instant::now() + timeout;
-    let key = s.marker_key.clone();
-    let mut hi = lso;
-    while hi > low {
-        let lo = (hi - MARKER_WINDOW).max(low);
-        let mut tpl = TopicPartitionList::new();
-        tpl.add_partition_offset(&s.marker_topic, s.marker_partition, Offset::Offset(lo))
-            .map_err(|e| BridgeError::kafka("assign marker partition", e))?;
-        consumer
-            .assign(&tpl)
-            .map_err(|e| BridgeError::kafka("assign marker partition", e))?;
-        let mut best: Option<Marker> = None;
-        loop {
-            if Instant::now() >= end_at {
-                return Err(BridgeError::MarkerRead {
-                    key,
-                    topic: s.marker_topic.clone(),
-                    partition: s.marker_partition,
-                    timeout,
-                });
-            }
-            match consumer.poll(Duration::from_millis(200)) {
-                None => continue,
-                Some(Err(KafkaError::PartitionEOF(_))) => break,
-                Some(Err(e)) => return Err(BridgeError::kafka("read marker topic", e)),
-                Some(Ok(m)) => {
-                    if m.offset() >= hi {
-                        break;
-                    }
-                    match m.key() {
-                        Some(k) if k == key.as_bytes() => {
-                            if let Some(payload) = m.payload() {
-                                match Marker::decode(payload) {
-                                    Ok(marker) => {
-                                        if best
-                                            .as_ref()
-                                            .is_none_or(|b| marker.checkpoint_id > b.checkpoint_id)
-                                        {
-                                            best = Some(marker);
-                                        }
-                                    }
-                                    Err(e) => {
-                                        warn!(offset = m.offset(), error = %e, "skipping undecodable commit marker")
-                                    }
-                                }
-                            }
-                        }
-                        // Another layout of this bridge on the same instance slot.
-                        Some(k)
-                            if std::str::from_utf8(k)
-                                .ok()
-                                .and_then(|k| parse_marker_key(&s.bridge_id, k))
-                                .is_some() => {}
-                        other => {
-                            return Err(BridgeError::MarkerTopicShared {
-                                topic: s.marker_topic.clone(),
-                                partition: s.marker_partition,
-                                offset: m.offset(),
-                                found_key: String::from_utf8_lossy(other.unwrap_or_default())
-                                    .into_owned(),
-                                our_key: key.clone(),
-                            });
-                        }
-                    }
-                    if m.offset() + 1 >= hi {
-                        break;
-                    }
-                }
-            }
-        }
-        if let Some(b) = best {
-            info!(
-                checkpoint_id = b.checkpoint_id,
-                "found the newest committed commit marker"
-            );
-            return Ok(Some(b));
-        }
-        hi = lo;
-    }
-    Ok(None)
-}
-
-/// Reads the newest committed marker of every key of this bridge on marker partitions
-/// `0..partitions`, each partition read completely up to its last stable offset once that reached
-/// the high watermark (the completeness rule of [`wait_for_stable_marker_partition`]). The whole
-/// partition is read because a partition holds the markers of every layout that used its instance
-/// slot and the reader cannot know how many there were; compaction keeps it short.
-///
-/// With `committed = false` it reads everything written, open and aborted transactions included,
-/// without waiting: a guess of the layouts in use, good for choosing the transactional id before
-/// init_transactions, never for positions.
-pub fn read_bridge_markers(
-    s: &SinkSettings,
-    partitions: i32,
-    committed: bool,
-    timeout: Duration,
-    report: MarkerWait<'_>,
-) -> Result<Vec<FoundMarker>> {
-    let consumer = marker_reader(
-        s,
-        if committed {
-            "read_committed"
-        } else {
-            "read_uncommitted"
-        },
-    )?;
-    let mut newest: BTreeMap<String, FoundMarker> = BTreeMap::new();
-    for partition in 0..partitions.max(1) {
-        let ps = SinkSettings {
-            marker_partition: partition,
-            ..s.clone()
-        };
-        // A partition the bridge has just created or added can be unknown to the broker we ask
-        // for a moment: wait for it rather than stop.
-        let known_by = Instant::now() + timeout;
-        let (low, high) = loop {
-            match consumer.fetch_watermarks(&ps.marker_topic, partition, timeout) {
-                Ok(w) => break w,
-                Err(e) if Instant::now() < known_by => {
-                    warn!(topic = %ps.marker_topic, partition, error = %e, "marker partition not known yet; retrying");
-                    std::thread::sleep(Duration::from_millis(200));
-                }
-                Err(e) => return Err(BridgeError::kafka("fetch marker watermarks", e)),
-            }
-        };
-        let lso = if committed {
-            wait_for_stable_marker_partition(
-                &ps,
-                &consumer,
-                Instant::now() + s.foreign_transaction_wait,
-                report,
-            )?
-        } else {
-            high
-        };
-        if lso <= low {
-            continue;
-        }
-        let mut tpl = TopicPartitionList::new();
-        tpl.add_partition_offset(&ps.marker_topic, partition, Offset::Offset(low))
-            .map_err(|e| BridgeError::kafka("assign marker partition", e))?;
-        consumer
-            .assign(&tpl)
-            .map_err(|e| BridgeError::kafka("assign marker partition", e))?;
-        let end_at = Instant::now() + timeout;
-        loop {
-            if Instant::now() >= end_at {
-                return Err(BridgeError::MarkerRead {
-                    key: format!("{}/*", s.bridge_id),
-                    topic: ps.marker_topic.clone(),
-                    partition,
-                    timeout,
-                });
-            }
-            let m = match consumer.poll(Duration::from_millis(200)) {
-                None => continue,
-                Some(Err(KafkaError::PartitionEOF(_))) => break,
-                Some(Err(e)) => return Err(BridgeError::kafka("read marker topic", e)),
-                Some(Ok(m)) => m,
-            };
-            if m.offset() >= lso {
-                break;
-            }
-            let key = String::from_utf8_lossy(m.key().unwrap_or_default()).into_owned();
-            let parsed = parse_marker_key(&s.bridge_id, &key);
-            if parsed.is_none() && !committed {
-                // Possibly an aborted or still open record: the committed read judges it.
-                continue;
-            }
-            let Some((layout, _)) = parsed else {
-                return Err(BridgeError::MarkerTopicShared {
-                    topic: ps.marker_topic.clone(),
-                    partition,
-                    offset: m.offset(),
-                    found_key: key,
-                    our_key: s.marker_key.clone(),
-                });
-            };
-            match m.payload().map(Marker::decode) {
-                Some(Ok(marker)) => {
-                    let layout = layout.unwrap_or(Layout {
-                        generation: 0,
-                        instances: marker.instances,
-                    });
-                    if newest
-                        .get(&key)
-                        .is_none_or(|f| marker.checkpoint_id >= f.marker.checkpoint_id)
-                    {
-                        newest.insert(key, FoundMarker { layout, marker });
-                    }
-                }
-                Some(Err(e)) => {
-                    warn!(offset = m.offset(), error = %e, "skipping undecodable commit marker")
-                }
-                None => {}
-            }
-            if m.offset() + 1 >= lso {
-                break;
-            }
-        }
-    }
-    Ok(newest.into_values().collect())
-}
-
 /// Fences a transactional id: init_transactions under it aborts the transaction its producer
 /// left open and makes that producer's next transactional call fail with a fencing error.
-pub fn fence(s: &SinkSettings, transactional_id: &str, deadline: Duration) -> Result<()> {
+pub(crate) fn fence(s: &SinkSettings, transactional_id: &str, deadline: Duration) -> Result<()> {
     let settings = SinkSettings {
         transactional_id: Some(transactional_id.to_string()),
         ..s.clone()
@@ -1296,7 +946,7 @@ pub fn fence(s: &SinkSettings, transactional_id: &str, deadline: Duration) -> Re
 
 /// librdkafka properties that configure the connection (security, timeouts), not the producer:
 /// the marker reader and the admin client take these from [sink.kafka].
-pub fn is_client_wide(key: &str) -> bool {
+pub(crate) fn is_client_wide(key: &str) -> bool {
     key.starts_with("security.")
         || key.starts_with("ssl.")
         || key.starts_with("sasl.")
@@ -1524,7 +1174,6 @@ mod tests {
             marker_partition: 0,
             foreign_transaction_wait: Duration::ZERO,
             bridge_id: "b".into(),
-            instance: 0,
             marker_key: "b/0".into(),
         }
     }

@@ -24,7 +24,7 @@ use crate::positions::Positions;
 const METADATA_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Whether `instance` of `instances` owns a partition.
-pub fn owns(instance: u32, instances: u32, topic: &str, partition: i32) -> bool {
+pub(crate) fn owns(instance: u32, instances: u32, topic: &str, partition: i32) -> bool {
     let spread = murmur2::murmur2(topic.as_bytes(), murmur2::KAFKA_SEED) as u64;
     ((spread + partition as u64) % instances.max(1) as u64) as u32 == instance
 }
@@ -32,7 +32,7 @@ pub fn owns(instance: u32, instances: u32, topic: &str, partition: i32) -> bool 
 /// Keeps the last stable offset of every partition from librdkafka's periodic statistics, so
 /// that lag is known without a round trip to the broker.
 #[derive(Default)]
-pub struct SourceContext {
+pub(crate) struct SourceContext {
     last_stable: Mutex<HashMap<(String, i32), i64>>,
 }
 
@@ -77,7 +77,8 @@ struct OwnOutput {
 impl Selection {
     fn new(cfg: &Config) -> Result<Selection> {
         let regex = |key: &str, p: &str| {
-            Regex::new(&format!("^(?:{p})$")).map_err(|e| BridgeError::Setup(format!("{key}: {e}")))
+            Regex::new(&format!("^(?:{p})$"))
+                .map_err(|e| BridgeError::InvalidTopicPattern(format!("{key}: {e}")))
         };
         let selector = match &cfg.source.topic_pattern {
             Some(p) => Selector::Pattern(regex("source.topic_pattern", p)?),
@@ -122,7 +123,7 @@ impl Selection {
     }
 }
 
-pub struct Source {
+pub(crate) struct Source {
     consumer: BaseConsumer<SourceContext>,
     selection: Selection,
     instance: u32,
@@ -130,7 +131,7 @@ pub struct Source {
 }
 
 impl Source {
-    pub fn new(cfg: &Config) -> Result<Source> {
+    pub(crate) fn new(cfg: &Config) -> Result<Source> {
         let mut cc = ClientConfig::new();
         for (k, v) in cfg.source.kafka.iter() {
             cc.set(k, v);
@@ -162,7 +163,7 @@ impl Source {
     /// Source topics that exist now, with their partition counts. Listed topics that do not exist
     /// are an error naming them (`SourceTopicsMissing`); listed topics the cluster reports an
     /// error for are `SourceTopicsUnavailable`, a passing state; a pattern may match nothing yet.
-    pub fn discover(&self) -> Result<BTreeMap<String, i32>> {
+    pub(crate) fn discover(&self) -> Result<BTreeMap<String, i32>> {
         let md = self
             .consumer
             .fetch_metadata(None, METADATA_TIMEOUT)
@@ -180,12 +181,12 @@ impl Source {
     }
 
     /// The source cluster's id and the ids of those of `topics` that exist.
-    pub fn ids(&self, topics: &[String]) -> Result<crate::admin::ClusterIds> {
+    pub(crate) fn ids(&self, topics: &[String]) -> Result<crate::admin::ClusterIds> {
         crate::admin::cluster_ids(self.consumer.client(), topics, METADATA_TIMEOUT)
     }
 
     /// The (topic, partition) pairs this instance owns among the discovered ones.
-    pub fn owned(&self, topics: &BTreeMap<String, i32>) -> Vec<(String, i32)> {
+    pub(crate) fn owned(&self, topics: &BTreeMap<String, i32>) -> Vec<(String, i32)> {
         topics
             .iter()
             .flat_map(|(t, n)| (0..*n).map(move |p| (t.clone(), p)))
@@ -194,14 +195,14 @@ impl Source {
     }
 
     /// (earliest, last stable) offsets of a partition, asked of the broker.
-    pub fn watermarks(&self, topic: &str, partition: i32) -> Result<(i64, i64)> {
+    pub(crate) fn watermarks(&self, topic: &str, partition: i32) -> Result<(i64, i64)> {
         self.consumer
             .fetch_watermarks(topic, partition, METADATA_TIMEOUT)
             .map_err(|e| BridgeError::kafka("fetch source watermarks", e))
     }
 
     /// The last stable offset from the latest statistics: no network round trip.
-    pub fn cached_high_watermark(&self, topic: &str, partition: i32) -> Option<i64> {
+    pub(crate) fn cached_high_watermark(&self, topic: &str, partition: i32) -> Option<i64> {
         let map = self
             .consumer
             .context()
@@ -212,7 +213,11 @@ impl Source {
     }
 
     /// Concrete positions for partitions that have no committed position yet.
-    pub fn resolve(&self, start: StartPosition, parts: &[(String, i32)]) -> Result<Positions> {
+    pub(crate) fn resolve(
+        &self,
+        start: StartPosition,
+        parts: &[(String, i32)],
+    ) -> Result<Positions> {
         let mut out = Positions::new();
         match start {
             StartPosition::Earliest | StartPosition::Latest => {
@@ -254,7 +259,7 @@ impl Source {
 
     /// Assigns exactly these partitions at these positions; also the way to rewind, since a new
     /// assignment drops whatever was prefetched.
-    pub fn assign(&self, positions: &Positions) -> Result<()> {
+    pub(crate) fn assign(&self, positions: &Positions) -> Result<()> {
         let mut tpl = TopicPartitionList::new();
         for (t, p, o) in positions.iter() {
             tpl.add_partition_offset(t, p, Offset::Offset(o))
@@ -265,7 +270,7 @@ impl Source {
             .map_err(|e| BridgeError::kafka("assign", e))
     }
 
-    pub fn poll(&self, timeout: Duration) -> Option<KafkaResult<BorrowedMessage<'_>>> {
+    pub(crate) fn poll(&self, timeout: Duration) -> Option<KafkaResult<BorrowedMessage<'_>>> {
         self.consumer.poll(timeout)
     }
 
@@ -276,7 +281,7 @@ impl Source {
     /// caught-up transactional partition shows lag 0, not 1 forever: they count to the log end),
     /// and so does the offset mapping (a group caught up to the log end translates without asking
     /// the source cluster).
-    pub fn positions_past_markers(&self, positions: &Positions) -> Positions {
+    pub(crate) fn positions_past_markers(&self, positions: &Positions) -> Positions {
         let read = self.consumer.position().unwrap_or_default();
         positions
             .iter()

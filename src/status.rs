@@ -9,7 +9,7 @@ use serde::Serialize;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
-pub enum RunState {
+pub(crate) enum RunState {
     Starting,
     Recovering,
     Running,
@@ -19,7 +19,7 @@ pub enum RunState {
 }
 
 #[derive(Clone, Debug, Serialize)]
-pub struct PartitionStatus {
+pub(crate) struct PartitionStatus {
     pub topic: String,
     pub partition: i32,
     /// Next offset to read, as of the last completed checkpoint.
@@ -29,7 +29,7 @@ pub struct PartitionStatus {
 }
 
 #[derive(Clone, Debug, Serialize)]
-pub struct Status {
+pub(crate) struct Status {
     pub bridge_id: String,
     pub instance: u32,
     pub instances: u32,
@@ -60,10 +60,15 @@ pub struct Status {
     pub heartbeat: Instant,
 }
 
-pub type SharedStatus = Arc<RwLock<Status>>;
+pub(crate) type SharedStatus = Arc<RwLock<Status>>;
 
 impl Status {
-    pub fn new(bridge_id: &str, instance: u32, instances: u32, delivery: &'static str) -> Status {
+    pub(crate) fn new(
+        bridge_id: &str,
+        instance: u32,
+        instances: u32,
+        delivery: &'static str,
+    ) -> Status {
         Status {
             bridge_id: bridge_id.to_string(),
             instance,
@@ -87,17 +92,17 @@ impl Status {
         }
     }
 
-    pub fn shared(self) -> SharedStatus {
+    pub(crate) fn shared(self) -> SharedStatus {
         Arc::new(RwLock::new(self))
     }
 }
 
 /// Runs `f` on the status under its write lock (a poisoned lock still holds usable data).
-pub fn update(status: &SharedStatus, f: impl FnOnce(&mut Status)) {
+pub(crate) fn update(status: &SharedStatus, f: impl FnOnce(&mut Status)) {
     let mut guard = status.write().unwrap_or_else(|p| p.into_inner());
     f(&mut guard);
 }
 
-pub fn snapshot(status: &SharedStatus) -> Status {
+pub(crate) fn snapshot(status: &SharedStatus) -> Status {
     status.read().unwrap_or_else(|p| p.into_inner()).clone()
 }

@@ -11,12 +11,12 @@ use std::sync::Arc;
 use crate::config::Partitioning;
 
 /// The partition Kafka's Java producer picks for a keyed record.
-pub fn kafka_key_partition(key: &[u8], partitions: i32) -> i32 {
+pub(crate) fn kafka_key_partition(key: &[u8], partitions: i32) -> i32 {
     let hash = murmur2::murmur2(key, murmur2::KAFKA_SEED);
     ((hash & 0x7fff_ffff) % partitions as u32) as i32
 }
 
-pub struct Router {
+pub(crate) struct Router {
     template: String,
     partitioning: Partitioning,
     topics: HashMap<String, Arc<str>>,
@@ -24,7 +24,7 @@ pub struct Router {
 }
 
 impl Router {
-    pub fn new(template: &str, partitioning: Partitioning) -> Router {
+    pub(crate) fn new(template: &str, partitioning: Partitioning) -> Router {
         Router {
             template: template.to_string(),
             partitioning,
@@ -34,7 +34,7 @@ impl Router {
     }
 
     /// The sink topic of a source topic (the template rendered once per source topic).
-    pub fn sink_topic(&mut self, source_topic: &str) -> Arc<str> {
+    pub(crate) fn sink_topic(&mut self, source_topic: &str) -> Arc<str> {
         if let Some(t) = self.topics.get(source_topic) {
             return t.clone();
         }
@@ -44,17 +44,13 @@ impl Router {
     }
 
     /// Tells the router how many partitions a sink topic has.
-    pub fn set_sink_partitions(&mut self, sink_topic: &str, partitions: i32) {
+    pub(crate) fn set_sink_partitions(&mut self, sink_topic: &str, partitions: i32) {
         self.sink_partitions
             .insert(sink_topic.to_string(), partitions);
     }
 
-    pub fn sink_partitions(&self, sink_topic: &str) -> Option<i32> {
-        self.sink_partitions.get(sink_topic).copied()
-    }
-
     /// Sink topic and partition of one record.
-    pub fn route(
+    pub(crate) fn route(
         &mut self,
         source_topic: &str,
         source_partition: i32,

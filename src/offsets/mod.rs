@@ -55,7 +55,7 @@ pub async fn ensure_topic(admin: &Admin, cfg: &Config) -> Result<()> {
 }
 
 /// The mapping records of one checkpoint, ready to send, and what its commit carries forward.
-pub struct Built {
+pub(crate) struct Built {
     pub records: Vec<(String, Vec<u8>)>,
     pub runs: usize,
     sink_next: Vec<((String, i32), (i32, i64))>,
@@ -64,7 +64,7 @@ pub struct Built {
 
 /// The pipeline's side of the mapping: the sink position after the newest bridged record of each
 /// source partition, carried from checkpoint to checkpoint in memory.
-pub struct Tracker {
+pub(crate) struct Tracker {
     bridge_id: String,
     topic: String,
     max_runs: usize,
@@ -75,7 +75,7 @@ pub struct Tracker {
 }
 
 impl Tracker {
-    pub fn new(cfg: &Config) -> Tracker {
+    pub(crate) fn new(cfg: &Config) -> Tracker {
         Tracker {
             bridge_id: cfg.bridge.id.clone(),
             topic: cfg.offsets.topic.clone(),
@@ -85,12 +85,12 @@ impl Tracker {
         }
     }
 
-    pub fn topic(&self) -> &str {
+    pub(crate) fn topic(&self) -> &str {
         &self.topic
     }
 
     /// Whether the epoch should end: its mapping reached `offsets.max_runs`.
-    pub fn full(&self, runs: usize) -> bool {
+    pub(crate) fn full(&self, runs: usize) -> bool {
         runs >= self.max_runs
     }
 
@@ -100,7 +100,7 @@ impl Tracker {
     /// gave. Partitions without records whose end is unchanged are left out: the previous record
     /// still describes them.
     #[allow(clippy::too_many_arguments)]
-    pub fn build(
+    pub(crate) fn build(
         &self,
         writer: &str,
         id: u64,
@@ -167,7 +167,7 @@ impl Tracker {
     }
 
     /// The checkpoint of `built` committed.
-    pub fn committed(&mut self, built: Built) {
+    pub(crate) fn committed(&mut self, built: Built) {
         self.sink_next.extend(built.sink_next);
         self.ends.extend(built.ends);
     }

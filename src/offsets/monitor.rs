@@ -22,13 +22,13 @@ use crate::error::{BridgeError, Result};
 use crate::positions::Positions;
 use crate::sink::is_client_wide;
 
-pub struct Monitor {
+pub(crate) struct Monitor {
     to_thread: SyncSender<Positions>,
 }
 
 impl Monitor {
     /// None when `offsets.monitor_group` is empty.
-    pub fn start(cfg: &Config, commits: IntCounterVec) -> Result<Option<Monitor>> {
+    pub(crate) fn start(cfg: &Config, commits: IntCounterVec) -> Result<Option<Monitor>> {
         let group = cfg.offsets.monitor_group.clone();
         if group.is_empty() {
             return Ok(None);
@@ -49,16 +49,17 @@ impl Monitor {
         std::thread::Builder::new()
             .name("monitor-group".into())
             .spawn(move || commit_loop(consumer, &group, from_pipeline, commits))
-            .map_err(|e| BridgeError::Setup(format!("cannot start the monitoring thread: {e}")))?;
+            .map_err(|e| {
+                BridgeError::Runtime(format!("cannot start the monitoring thread: {e}"))
+            })?;
         Ok(Some(Monitor { to_thread }))
     }
 
     /// Hands a committed checkpoint's positions to the thread; dropped if it is still busy.
-    pub fn committed(&self, positions: Positions) {
-        match self.to_thread.try_send(positions) {
-            Ok(()) | Err(TrySendError::Full(_)) => {}
-            Err(TrySendError::Disconnected(_)) => {}
-        }
+    pub(crate) fn committed(&self, positions: Positions) {
+        // Busy: the next checkpoint's positions supersede these. Disconnected: the thread ended
+        // (it logs why); monitoring never stops the bridge.
+        let _: Result<(), TrySendError<Positions>> = self.to_thread.try_send(positions);
     }
 }
 

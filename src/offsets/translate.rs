@@ -143,12 +143,12 @@ pub fn translate(
     given: Option<BTreeMap<(String, i32), i64>>,
 ) -> Result<Report> {
     if cfg.sink.partitioning == Partitioning::Key {
-        return Err(BridgeError::Setup(format!(
+        return Err(BridgeError::Translate(format!(
             "cannot translate group '{group}': {KEY_PARTITIONING_REFUSAL}"
         )));
     }
     if cfg.bridge.delivery != Delivery::ExactlyOnce {
-        return Err(BridgeError::Setup(format!(
+        return Err(BridgeError::Translate(format!(
             "cannot translate group '{group}': bridge.delivery = \"{}\" writes records more or less than \
              once, so a sink offset does not stand for one source record; only exactly-once keeps a mapping",
             cfg.bridge.delivery
@@ -318,7 +318,7 @@ fn read_mapping(cfg: &Config) -> Result<BTreeMap<(String, i32), (String, Partiti
         let mut next = low;
         while next < lso {
             if Instant::now() >= end {
-                return Err(BridgeError::Setup(format!(
+                return Err(BridgeError::Translate(format!(
                     "reading the offset mapping topic '{topic}' did not reach offset {lso} within {READ_DEADLINE:?} \
                      (at {next})"
                 )));
@@ -331,7 +331,7 @@ fn read_mapping(cfg: &Config) -> Result<BTreeMap<(String, i32), (String, Partiti
                     next = m.offset() + 1;
                     let Some(bytes) = m.payload() else { continue };
                     let map = OffsetMap::decode(bytes).map_err(|e| {
-                        BridgeError::Setup(format!("{topic}/0@{}: {e}", m.offset()))
+                        BridgeError::Translate(format!("{topic}/0@{}: {e}", m.offset()))
                     })?;
                     if map.bridge_id != cfg.bridge.id {
                         continue;
@@ -429,7 +429,7 @@ fn no_records_between(c: &BaseConsumer, topic: &str, p: i32, from: i64, to: i64)
             Some(Err(e)) => return Err(BridgeError::kafka("read the source partition", e)),
         }
     }
-    Err(BridgeError::Setup(format!(
+    Err(BridgeError::Translate(format!(
         "reading {topic}/{p} from offset {from} on the source returned nothing within {TIMEOUT:?}"
     )))
 }
@@ -442,7 +442,7 @@ pub fn apply(cfg: &Config, report: &Report) -> Result<usize> {
         .map(|r| format!("{}/{}", r.topic, r.partition))
         .collect();
     if !missing.is_empty() {
-        return Err(BridgeError::Setup(format!(
+        return Err(BridgeError::Translate(format!(
             "not applying: {} cannot be translated (see above); a partial cutover would start those partitions \
              from auto.offset.reset",
             missing.join(", ")
@@ -463,7 +463,7 @@ pub fn apply(cfg: &Config, report: &Report) -> Result<usize> {
         .iter()
         .find(|g| g.name() == report.group && !g.members().is_empty())
     {
-        return Err(BridgeError::Setup(format!(
+        return Err(BridgeError::Translate(format!(
             "not applying: group '{}' has {} active member(s) on the sink cluster (state {}); stop its consumers \
              there first",
             report.group,
@@ -483,7 +483,7 @@ pub fn apply(cfg: &Config, report: &Report) -> Result<usize> {
         .map_err(|e| match e {
             KafkaError::ConsumerCommit(
                 RDKafkaErrorCode::UnknownMemberId | RDKafkaErrorCode::IllegalGeneration,
-            ) => BridgeError::Setup(format!(
+            ) => BridgeError::Translate(format!(
                 "group '{}' gained members on the sink while applying; stop them and run again",
                 report.group
             )),

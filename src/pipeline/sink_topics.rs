@@ -87,7 +87,7 @@ impl Pipeline<'_> {
         runtime
             .block_on(self.admin.add_partitions(sink_topic, partitions))
             .map_err(|e| {
-                BridgeError::Setup(format!(
+                BridgeError::TopicAdmin(format!(
                     "sink topic '{sink_topic}' has {n} partitions but source topic '{topic}' has \
                      {partitions}, and sink.partitioning = \"preserve\" needs at least as many: {e}"
                 ))
