@@ -37,6 +37,15 @@ fn fail(check: &str, detail: impl Into<String>, fix: impl Into<String>) -> Findi
 pub fn run(cfg: &Config, runtime: &tokio::runtime::Runtime) -> Vec<Finding> {
     let mut out = vec![pass("configuration", "parsed and validated")];
 
+    // Credentials, certificates and addresses first: the checks below would only time out.
+    let problems = crate::connectivity::probe_config(cfg);
+    if !problems.is_empty() {
+        for p in problems {
+            out.push(fail(&format!("{} connection", p.cluster.name()), p.summary(), p.fix()));
+        }
+        return out;
+    }
+
     match Source::new(cfg).and_then(|s| s.discover()) {
         Ok(topics) if topics.is_empty() => out.push(fail(
             "source topics",
