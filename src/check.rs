@@ -41,7 +41,11 @@ pub fn run(cfg: &Config, runtime: &tokio::runtime::Runtime) -> Vec<Finding> {
     let problems = crate::connectivity::probe_config(cfg);
     if !problems.is_empty() {
         for p in problems {
-            out.push(fail(&format!("{} connection", p.cluster.name()), p.summary(), p.fix()));
+            out.push(fail(
+                &format!("{} connection", p.cluster.name()),
+                p.summary(),
+                p.fix(),
+            ));
         }
         return out;
     }

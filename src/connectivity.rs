@@ -114,9 +114,7 @@ pub fn classify(code: RDKafkaErrorCode, reason: &str) -> Option<Trouble> {
         }
         // A connection reset by a stopping broker is also reported as an SSL error; only a failed
         // handshake or certificate check is a setting to fix.
-        RDKafkaErrorCode::SSL
-            if lower.contains("handshake") || lower.contains("certificate") =>
-        {
+        RDKafkaErrorCode::SSL if lower.contains("handshake") || lower.contains("certificate") => {
             Some(Trouble::Tls)
         }
         // Plaintext spoken to a TLS listener: librdkafka only sees the connection close.
@@ -220,7 +218,10 @@ pub fn probe(
     // shows within a second, without waiting out the whole timeout.
     let deadline = began + timeout;
     loop {
-        if consumer.fetch_metadata(None, Duration::from_millis(250)).is_ok() {
+        if consumer
+            .fetch_metadata(None, Duration::from_millis(250))
+            .is_ok()
+        {
             return None;
         }
         // A poll returns after the first event it serves (often a log line): poll a few times.
@@ -250,11 +251,21 @@ pub const PROBE_TIMEOUT: Duration = Duration::from_secs(5);
 /// Probes the source and the sink cluster as configured; the problems found, source first.
 pub fn probe_config(cfg: &Config) -> Vec<Problem> {
     let pairs = |k: &crate::config::KafkaProps| -> Vec<(String, String)> {
-        k.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+        k.iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
     };
     [
-        (Cluster::Source, &cfg.source.bootstrap_servers, pairs(&cfg.source.kafka)),
-        (Cluster::Sink, &cfg.sink.bootstrap_servers, pairs(&cfg.sink.kafka)),
+        (
+            Cluster::Source,
+            &cfg.source.bootstrap_servers,
+            pairs(&cfg.source.kafka),
+        ),
+        (
+            Cluster::Sink,
+            &cfg.sink.bootstrap_servers,
+            pairs(&cfg.sink.kafka),
+        ),
     ]
     .into_iter()
     .filter_map(|(c, bootstrap, kafka)| probe(c, bootstrap, &kafka, PROBE_TIMEOUT))
@@ -273,7 +284,11 @@ mod tests {
             "SASL authentication error: Authentication failed",
         );
         let before = Instant::now();
-        report(Cluster::Source, RDKafkaErrorCode::AllBrokersDown, "1/1 brokers are down");
+        report(
+            Cluster::Source,
+            RDKafkaErrorCode::AllBrokersDown,
+            "1/1 brokers are down",
+        );
         let p = latest(Cluster::Source, Some(before)).expect("still failing");
         assert_eq!(p.trouble, Trouble::Authentication);
         assert!(unready_reasons(Some(before))[0].contains("source cluster authentication failed"));
@@ -291,7 +306,10 @@ mod tests {
                    routines::certificate verify failed: broker certificate could not be verified";
         assert_eq!(classify(RDKafkaErrorCode::SSL, tls), Some(Trouble::Tls));
         assert_eq!(
-            classify(RDKafkaErrorCode::SSL, "SSL transport error: Connection reset by peer"),
+            classify(
+                RDKafkaErrorCode::SSL,
+                "SSL transport error: Connection reset by peer"
+            ),
             None
         );
         let plaintext = "Disconnected while requesting ApiVersion: might be caused by incorrect \

@@ -175,7 +175,10 @@ pub enum BridgeError {
          from the environment (EOS_BRIDGE__{upper}__KAFKA__SASL_PASSWORD). Nothing was lost: after the fix, \
          a restart resumes from the last commit", upper = .cluster.to_uppercase()
     )]
-    Authentication { cluster: &'static str, detail: String },
+    Authentication {
+        cluster: &'static str,
+        detail: String,
+    },
 
     /// The TLS handshake with the cluster failed: waiting cannot fix that.
     #[error(
@@ -184,7 +187,10 @@ pub enum BridgeError {
          ssl.certificate.location and ssl.key.location in [{cluster}.kafka]. Nothing was lost: after the fix, \
          a restart resumes from the last commit"
     )]
-    Tls { cluster: &'static str, detail: String },
+    Tls {
+        cluster: &'static str,
+        detail: String,
+    },
 
     /// No broker of the cluster answered for longer than `bridge.unreachable_timeout` at start-up.
     #[error(

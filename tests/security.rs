@@ -28,13 +28,13 @@ fn bridge_exactly_once(label: &str, source: &ClientSettings, sink: &ClientSettin
     let input = unique("sec-in");
     let output = unique("sec-out");
     broker.create_topic(&input, 2);
-    broker.produce(&input, RECORDS, 1);
+    broker.produce(&input, 2, RECORDS, 1);
     let home = BridgeHome::new(secured_spec(&input, &output, source, sink));
     let env = secured_env(source, sink);
     let mut bridge = home.start(&env_refs(&env));
     bridge.wait_committed(RECORDS as i64, Duration::from_secs(60));
     assert!(bridge.stop_gracefully(Duration::from_secs(30)).success());
-    let out = broker.assert_exactly_once(&input, &output);
+    let out = broker.assert_exactly_once(&input, RECORDS as usize, &output);
     assert_eq!(out as u64, RECORDS);
     eprintln!(
         "{label}: {RECORDS} records in, {out} out, exactly once (read_committed), {:.1}s",
@@ -135,7 +135,7 @@ fn a_wrong_password_stops_run_and_check_and_a_fixed_restart_bridges_everything_o
     let input = unique("pw-in");
     let output = unique("pw-out");
     broker.create_topic(&input, 2);
-    broker.produce(&input, RECORDS, 1);
+    broker.produce(&input, 2, RECORDS, 1);
     let good = broker.client(Auth::Scram512, "bridge");
     let wrong_password = format!("wrong-{}", random_suffix());
     let mut bad = good.clone();
@@ -180,7 +180,7 @@ fn a_wrong_password_stops_run_and_check_and_a_fixed_restart_bridges_everything_o
     let mut bridge = fixed.start(&env_refs(&secured_env(&good, &good)));
     bridge.wait_committed(RECORDS as i64, Duration::from_secs(60));
     assert!(bridge.stop_gracefully(Duration::from_secs(30)).success());
-    let out = broker.assert_exactly_once(&input, &output);
+    let out = broker.assert_exactly_once(&input, RECORDS as usize, &output);
     assert_eq!(out as u64, RECORDS);
     eprintln!("after the fix: {RECORDS} in, {out} out, exactly once");
 }
@@ -195,19 +195,18 @@ fn an_untrusted_certificate_stops_run_and_check() {
     let untrusted = good
         .clone()
         .with("ssl.ca.location", broker.get("SECURE_UNTRUSTED_CA_PEM"));
-    let home = BridgeHome::new(secured_spec(
-        &input,
-        &unique("ca-out"),
-        &untrusted,
-        &good,
-    ));
+    let home = BridgeHome::new(secured_spec(&input, &unique("ca-out"), &untrusted, &good));
     let env = secured_env(&untrusted, &good);
     let (code, text, took) = check(&home, &env);
     assert_failed_naming(
         "check",
         code,
         &text,
-        &["source connection", "TLS handshake failed", "ssl.ca.location"],
+        &[
+            "source connection",
+            "TLS handshake failed",
+            "ssl.ca.location",
+        ],
     );
     let (run_code, log, run_took) = run_until_exit(&home, &env);
     assert_failed_naming(

@@ -54,7 +54,10 @@ impl ClientSettings {
             .iter()
             .map(|p| {
                 (
-                    format!("EOS_BRIDGE__{}__KAFKA__SASL_PASSWORD", section.to_uppercase()),
+                    format!(
+                        "EOS_BRIDGE__{}__KAFKA__SASL_PASSWORD",
+                        section.to_uppercase()
+                    ),
                     p.clone(),
                 )
             })
@@ -208,75 +211,104 @@ impl SecureBroker {
         );
     }
 
+    /// librdkafka settings of `admin` over SASL_SSL, for writing test input without a JVM start.
+    fn admin_client_config(&self) -> rdkafka::ClientConfig {
+        let mut cc = rdkafka::ClientConfig::new();
+        cc.set("bootstrap.servers", self.sasl_ssl())
+            .set("security.protocol", "SASL_SSL")
+            .set("ssl.ca.location", self.get("SECURE_CA_PEM"))
+            .set("sasl.mechanism", "SCRAM-SHA-512")
+            .set("sasl.username", "admin")
+            .set("sasl.password", self.get("SECURE_ADMIN_PASSWORD"));
+        cc
+    }
+
     pub fn create_topic(&self, topic: &str, partitions: u32) {
-        let p = partitions.to_string();
-        let out = self.tool(
-            "TopicCommand",
-            "--command-config",
-            &["--create", "--topic", topic, "--partitions", &p],
-        );
-        assert!(
-            out.status.success(),
-            "creating {topic} failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+        let admin: AdminClient<rdkafka::client::DefaultClientContext> =
+            self.admin_client_config().create().expect("admin client");
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let opts = AdminOptions::new().operation_timeout(Some(Duration::from_secs(30)));
+        let results = rt
+            .block_on(admin.create_topics(
+                &[NewTopic::new(
+                    topic,
+                    partitions as i32,
+                    TopicReplication::Fixed(1),
+                )],
+                &opts,
+            ))
+            .expect("create_topics");
+        for r in results {
+            r.unwrap_or_else(|(t, e)| panic!("creating {t} failed: {e}"));
+        }
     }
 
-    /// `count` sequenced records ("PREFIX.N") by Kafka's VerifiableProducer, acks=all.
-    pub fn produce(&self, topic: &str, count: u64, prefix: u32) {
-        let c = count.to_string();
-        let p = prefix.to_string();
-        let out = self.tool(
-            "VerifiableProducer",
-            "--producer.config",
-            &[
-                "--topic",
+    /// `count` records with values "PREFIX.N", record N to partition N mod `partitions`, acks=all.
+    pub fn produce(&self, topic: &str, partitions: i32, count: u64, prefix: u32) {
+        use rdkafka::producer::{DefaultProducerContext, Producer, ThreadedProducer};
+        let producer: ThreadedProducer<DefaultProducerContext> = self
+            .admin_client_config()
+            .set("acks", "all")
+            .create()
+            .expect("producer");
+        for n in 0..count {
+            send_to_partition(
+                &producer,
                 topic,
-                "--max-messages",
-                &c,
-                "--acks",
-                "-1",
-                "--value-prefix",
-                &p,
-            ],
-        );
-        assert!(
-            out.status.success(),
-            "producing to {topic} failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+                (n % partitions as u64) as i32,
+                &format!("{prefix}.{n}"),
+            );
+        }
+        producer
+            .flush(Duration::from_secs(60))
+            .unwrap_or_else(|e| panic!("producing to {topic}: {e}"));
     }
 
-    /// The whole topic as Kafka's console consumer reads it with read_committed over SASL_SSL.
-    pub fn consume_committed(&self, topic: &str) -> Vec<Seen> {
-        let out = self.tool(
-            "ConsoleConsumer",
-            "--consumer.config",
-            &[
-                "--topic",
-                topic,
-                "--from-beginning",
-                "--isolation-level",
-                "read_committed",
-                "--timeout-ms",
-                "5000",
-                "--property",
-                "print.partition=true",
-                "--property",
-                "print.offset=true",
-                "--property",
-                "print.key=true",
-                "--property",
-                "key.separator=|",
-            ],
-        );
+    /// The topic as Kafka's console consumer reads it with read_committed over SASL_SSL: all of
+    /// it (until idle for 8 s), or the first `count` records (at most 60 s).
+    pub fn consume_committed(&self, topic: &str, count: Option<usize>) -> Vec<Seen> {
+        let max = count.map(|c| c.to_string());
+        let mut args = vec![
+            "--topic",
+            topic,
+            "--from-beginning",
+            "--isolation-level",
+            "read_committed",
+            "--property",
+            "print.partition=true",
+            "--property",
+            "print.offset=true",
+            "--property",
+            "print.key=true",
+            "--property",
+            "key.separator=|",
+        ];
+        // The idle timeout is the time between two records: on a loaded machine a TLS consumer can
+        // pause for seconds between partitions, so the known count ends the read when there is one.
+        match &max {
+            Some(m) => args.extend_from_slice(&["--max-messages", m, "--timeout-ms", "60000"]),
+            None => args.extend_from_slice(&["--timeout-ms", "8000"]),
+        }
+        let out = self.tool("ConsoleConsumer", "--consumer.config", &args);
         parse_console_lines(&String::from_utf8_lossy(&out.stdout))
     }
 
-    /// The exactly-once verdict between two topics of this broker; returns the sink's count.
-    pub fn assert_exactly_once(&self, source_topic: &str, sink_topic: &str) -> usize {
-        let source = by_partition(&self.consume_committed(source_topic));
-        let sink_records = self.consume_committed(sink_topic);
+    /// The exactly-once verdict between two topics of this broker, the source holding `records`
+    /// records (none in transactions); returns the sink's count.
+    pub fn assert_exactly_once(
+        &self,
+        source_topic: &str,
+        records: usize,
+        sink_topic: &str,
+    ) -> usize {
+        let source_records = self.consume_committed(source_topic, Some(records));
+        assert_eq!(source_records.len(), records, "the whole source was read");
+        let source = by_partition(&source_records);
+        let sink_records = self.consume_committed(sink_topic, None);
         assert_same_sequences(&source, &by_partition(&sink_records));
         sink_records.len()
     }
