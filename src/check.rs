@@ -93,6 +93,19 @@ pub fn run(cfg: &Config, runtime: &tokio::runtime::Runtime) -> Vec<Finding> {
         });
     }
 
+    // Credentials, certificates and addresses first: the checks below would only time out.
+    let problems = crate::connectivity::probe_config(cfg);
+    if !problems.is_empty() {
+        for p in problems {
+            out.push(fail(
+                &format!("{} connection", p.cluster.name()),
+                p.summary(),
+                p.fix(),
+            ));
+        }
+        return out;
+    }
+
     let mut source_topics = BTreeMap::new();
     match Source::new(cfg).and_then(|s| s.discover()) {
         Ok(topics) if topics.is_empty() => out.push(fail(

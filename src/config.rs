@@ -76,6 +76,9 @@ const ENV_ORIGIN: &str = "the environment";
 /// librdkafka's range for `transaction.timeout.ms`.
 const MIN_TRANSACTION_TIMEOUT: Duration = Duration::from_secs(1);
 const MAX_TRANSACTION_TIMEOUT: Duration = Duration::from_millis(i32::MAX as u64);
+/// Long enough for a broker restart or a rolling upgrade, short enough that a wrong address ends in
+/// an exit an orchestrator reports.
+const DEFAULT_UNREACHABLE_TIMEOUT: Duration = Duration::from_secs(300);
 const DURATION_EXAMPLES: &str = r#"write it like "500ms", "1s" or "2m""#;
 
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -105,6 +108,9 @@ pub struct BridgeConfig {
     pub delivery: Delivery,
     /// What to do when a cluster or topic is not the one the committed positions were taken on.
     pub on_identity_change: IdentityPolicy,
+    /// How long start-up waits for a cluster no broker of answers before it exits.
+    #[serde(with = "humantime_serde")]
+    pub unreachable_timeout: Duration,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -251,6 +257,7 @@ impl Default for BridgeConfig {
             state_dir: "state".into(),
             delivery: Delivery::ExactlyOnce,
             on_identity_change: IdentityPolicy::Stop,
+            unreachable_timeout: DEFAULT_UNREACHABLE_TIMEOUT,
         }
     }
 }
@@ -1353,6 +1360,16 @@ const RULES: &[(&[&str], Rule)] = &[
             r#""0s" keeps no mapping: use e.g. "24h""#.into()
         })
     }),
+    (&["bridge.unreachable_timeout"], |c| {
+        when(
+            c.bridge.unreachable_timeout.is_zero(),
+            "bridge.unreachable_timeout",
+            || {
+                r#""0s" would stop at the first refused connection: use e.g. "5m" (the default)"#
+                    .into()
+            },
+        )
+    }),
     (&["shutdown.timeout"], |c| {
         when(c.shutdown.timeout.is_zero(), "shutdown.timeout", || {
             r#""0s" leaves no time to finish the last checkpoint: use e.g. "30s""#.into()
@@ -1991,6 +2008,7 @@ mod tests {
             state_dir = "/var/lib/eos-bridge"
             delivery = "at-least-once"
             on_identity_change = "restart"
+            unreachable_timeout = "90s"
 
             [source]
             bootstrap_servers = "src-1:9092"
@@ -2048,6 +2066,7 @@ mod tests {
                 state_dir: "/var/lib/eos-bridge".into(),
                 delivery: Delivery::AtLeastOnce,
                 on_identity_change: IdentityPolicy::Restart,
+                unreachable_timeout: Duration::from_secs(90),
             },
             source: SourceConfig {
                 bootstrap_servers: "src-1:9092".into(),

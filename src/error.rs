@@ -173,6 +173,42 @@ pub enum BridgeError {
     #[error("sink topics unfit for their source topics: {breaches}")]
     SinkTopicUnfit { breaches: String },
 
+    /// The cluster refused the SASL credentials: waiting cannot fix that.
+    #[error(
+        "{cluster} cluster: authentication failed ({detail}). Fix sasl.mechanism, sasl.username and \
+         sasl.password (or the sasl.oauthbearer.* settings) in [{cluster}.kafka]; the password is best set \
+         from the environment (EOS_BRIDGE__{upper}__KAFKA__SASL_PASSWORD). Nothing was lost: after the fix, \
+         a restart resumes from the last commit", upper = .cluster.to_uppercase()
+    )]
+    Authentication {
+        cluster: &'static str,
+        detail: String,
+    },
+
+    /// The TLS handshake with the cluster failed: waiting cannot fix that.
+    #[error(
+        "{cluster} cluster: TLS handshake failed ({detail}). Fix security.protocol (SSL or SASL_SSL for a TLS \
+         listener), ssl.ca.location (the CA that signed the brokers' certificates) and, for mutual TLS, \
+         ssl.certificate.location and ssl.key.location in [{cluster}.kafka]. Nothing was lost: after the fix, \
+         a restart resumes from the last commit"
+    )]
+    Tls {
+        cluster: &'static str,
+        detail: String,
+    },
+
+    /// No broker of the cluster answered for longer than `bridge.unreachable_timeout` at start-up.
+    #[error(
+        "{cluster} cluster unreachable for {waited:?} ({detail}): check {cluster}.bootstrap_servers, the \
+         network and that the brokers run (bridge.unreachable_timeout bounds this wait). Nothing was lost: a \
+         restart resumes from the last commit"
+    )]
+    Unreachable {
+        cluster: &'static str,
+        detail: String,
+        waited: Duration,
+    },
+
     /// The sink cluster's or a sink topic's configuration could not be read (DescribeConfigs).
     #[error("{0}")]
     SinkConfigUnreadable(String),
@@ -253,6 +289,9 @@ impl BridgeError {
             BridgeError::SourceTopicsUnavailable { .. } => Action::Retry,
             BridgeError::Fenced { .. }
             | BridgeError::Unauthorized { .. }
+            | BridgeError::Authentication { .. }
+            | BridgeError::Tls { .. }
+            | BridgeError::Unreachable { .. }
             | BridgeError::Config(_)
             | BridgeError::Store(_)
             | BridgeError::Recovery(_)
@@ -294,7 +333,7 @@ impl BridgeError {
     }
 
     /// Every value `reason()` can return, so that metrics can show each at zero from the start.
-    pub const REASONS: [&'static str; 15] = [
+    pub const REASONS: [&'static str; 18] = [
         "kafka_error",
         "delivery_error",
         "checkpoint_timeout",
@@ -309,6 +348,9 @@ impl BridgeError {
         "marker_topic_shared",
         "marker_partition_unstable",
         "sink_topic_unfit",
+        "authentication",
+        "tls",
+        "unreachable",
         "setup",
     ];
 
@@ -333,6 +375,9 @@ impl BridgeError {
             BridgeError::Config(_) => "config",
             BridgeError::MarkerTopicShared { .. } => "marker_topic_shared",
             BridgeError::MarkerPartitionUnstable { .. } => "marker_partition_unstable",
+            BridgeError::Authentication { .. } => "authentication",
+            BridgeError::Tls { .. } => "tls",
+            BridgeError::Unreachable { .. } => "unreachable",
             BridgeError::SinkTopicUnfit { .. } => "sink_topic_unfit",
             // One label for the stops outside an epoch, as before they had types of their own.
             BridgeError::SourceTopicsMissing { .. }

@@ -17,6 +17,7 @@ mod api;
 pub mod check;
 pub mod checkpoint;
 pub mod config;
+mod connectivity;
 pub mod daemon;
 pub mod error;
 mod failpoint;
