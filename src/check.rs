@@ -36,6 +36,7 @@ fn fail(check: &str, detail: impl Into<String>, fix: impl Into<String>) -> Findi
 /// Runs every check against the clusters; `runtime` drives the admin calls.
 pub fn run(cfg: &Config, runtime: &tokio::runtime::Runtime) -> Vec<Finding> {
     let mut out = vec![pass("configuration", "parsed and validated")];
+    out.extend(crate::acl::findings(cfg, runtime.handle()));
 
     match Source::new(cfg).and_then(|s| s.discover()) {
         Ok(topics) if topics.is_empty() => out.push(fail(

@@ -4,6 +4,7 @@
 //! pipeline owns the checkpoint protocol, the sink owns the transactional producer, recovery is a
 //! pure decision over what was observed, and every metric is defined in `metrics`.
 
+pub mod acl;
 pub mod admin;
 pub mod api;
 pub mod check;
