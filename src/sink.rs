@@ -1242,6 +1242,11 @@ pub fn is_client_wide(key: &str) -> bool {
         || key.starts_with("sasl.")
         || key.starts_with("socket.")
         || key.starts_with("client.")
+        // The unsecured-JWT switch and OIDC's token endpoint TLS (https.ca.location) are part of
+        // authentication: without them a reader would connect with no token at all.
+        || key.starts_with("enable.sasl.")
+        || key.starts_with("https.")
+        || key == "enable.ssl.certificate.verification"
         || key == "broker.address.family"
         || key == "metadata.max.age.ms"
 }
@@ -1341,6 +1346,8 @@ mod tests {
     fn only_connection_settings_are_shared_with_readers() {
         assert!(is_client_wide("sasl.password"));
         assert!(is_client_wide("security.protocol"));
+        assert!(is_client_wide("enable.sasl.oauthbearer.unsecure.jwt"));
+        assert!(is_client_wide("https.ca.location"));
         assert!(!is_client_wide("linger.ms"));
         assert!(!is_client_wide("compression.type"));
     }
