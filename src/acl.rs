@@ -574,22 +574,33 @@ fn check_cluster_configs(cluster: &Cluster<'_>, runtime: &Handle, out: &mut Prob
                 .describe_configs(&[ResourceSpecifier::Broker(broker)], &opts),
         )
         .map_err(|e| BridgeError::kafka("describe sink broker configs", e))?;
-    for r in results {
-        if let Err(code) = r {
-            if is_auth(code) {
-                out.denied.push(cluster.deny(
-                    Operation::DescribeConfigs,
-                    Resource::Cluster,
-                    WHY_CLUSTER_CONFIGS,
-                    format!("DescribeConfigs of broker {broker}: {code:?}"),
-                ));
-            } else {
-                return Err(BridgeError::kafka(
-                    "describe sink broker configs",
-                    KafkaError::AdminOp(code),
-                ));
-            }
+    // rdkafka drops a resource's own error and hands back the resource without entries, while
+    // every broker has configuration entries to show: an empty answer is the denial.
+    let denied = match results.first() {
+        Some(Ok(resource)) => resource
+            .entries
+            .is_empty()
+            .then(|| format!("DescribeConfigs of broker {broker} returned no configuration")),
+        Some(Err(code)) if is_auth(*code) => {
+            Some(format!("DescribeConfigs of broker {broker}: {code:?}"))
         }
+        Some(Err(code)) => {
+            return Err(BridgeError::kafka(
+                "describe sink broker configs",
+                KafkaError::AdminOp(*code),
+            ))
+        }
+        None => Some(format!(
+            "DescribeConfigs of broker {broker} returned nothing"
+        )),
+    };
+    if let Some(evidence) = denied {
+        out.denied.push(cluster.deny(
+            Operation::DescribeConfigs,
+            Resource::Cluster,
+            WHY_CLUSTER_CONFIGS,
+            evidence,
+        ));
     }
     Ok(())
 }
@@ -645,13 +656,15 @@ pub fn findings(cfg: &Config, runtime: &Handle) -> Vec<crate::check::Finding> {
     };
     let p = match probe(cfg, runtime) {
         Ok(p) => p,
-        Err(e) => return vec![row(
+        Err(e) => {
+            return vec![row(
             "permissions",
             false,
             format!("could not probe the permissions: {e}"),
             "check bootstrap_servers and the security settings in [source.kafka] and [sink.kafka]"
                 .into(),
-        )],
+        )]
+        }
     };
     let mut out = Vec::new();
     if p.denied.is_empty() {

@@ -1,0 +1,532 @@
+//! Least privilege on the secured broker (scripts/kafka start --secure): a SCRAM user of its own
+//! per test, granted exactly the ACLs docs/security.md lists, bridges exactly once; then each of
+//! those ACLs is removed in turn and both `eos-bridge check` and `eos-bridge run` must fail within
+//! seconds naming that permission and the kafka-acls command that grants it. The test re-adds the
+//! ACL by running the very command the bridge printed.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::process::{Command, Output, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use common::bridge::{free_port, tail, Bridge, BridgeHome, BridgeSpec};
+use common::*;
+
+/// How long `check` or `run` may take to fail for a missing permission. The probe itself takes
+/// well under a second against a local broker; the rest is process start and TLS handshakes on a
+/// shared 2-core machine.
+const FAIL_FAST: Duration = Duration::from_secs(20);
+
+/// The secured broker: `EOS_BRIDGE_TEST_SECURE_DIR` (its run dir, as .ci/run sets it) or one this
+/// process starts and stops.
+struct Secure {
+    bootstrap: String,
+    admin_properties: String,
+    admin_password: String,
+    ca: String,
+}
+
+fn secure() -> &'static Secure {
+    static SECURE: OnceLock<Secure> = OnceLock::new();
+    SECURE.get_or_init(|| {
+        let dir = match std::env::var("EOS_BRIDGE_TEST_SECURE_DIR") {
+            Ok(d) if !d.is_empty() => PathBuf::from(d),
+            _ => start_private_secure(),
+        };
+        let env = std::fs::read_to_string(dir.join("secure.env")).expect("secure.env");
+        let get = |k: &str| {
+            env.lines()
+                .find_map(|l| l.strip_prefix(&format!("{k}=")))
+                .unwrap_or_else(|| panic!("{k} in secure.env"))
+                .to_string()
+        };
+        Secure {
+            bootstrap: get("SECURE_SASL_SSL_BOOTSTRAP"),
+            admin_properties: get("SECURE_ADMIN_PROPERTIES"),
+            admin_password: get("SECURE_ADMIN_PASSWORD"),
+            ca: get("SECURE_CA_PEM"),
+        }
+    })
+}
+
+static PRIVATE: OnceLock<String> = OnceLock::new();
+
+extern "C" fn stop_private_secure() {
+    if let Some(name) = PRIVATE.get() {
+        let _ = Command::new(kafka_script())
+            .args(["stop", "--name", name, "--purge"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status();
+    }
+}
+
+fn start_private_secure() -> PathBuf {
+    let name = format!("acl-{}", random_suffix());
+    PRIVATE.set(name.clone()).unwrap();
+    // SAFETY: registering a plain extern "C" fn with no captured state.
+    unsafe {
+        libc::atexit(stop_private_secure);
+    }
+    let run = |args: &[&str]| {
+        let out = Command::new(kafka_script())
+            .args(args)
+            .stderr(Stdio::inherit())
+            .output()
+            .expect("scripts/kafka runs");
+        assert!(out.status.success(), "scripts/kafka {args:?} failed");
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    };
+    run(&["start", "--name", &name, "--secure", "--fresh"]);
+    PathBuf::from(run(&["dir", "--name", &name]).lines().last().unwrap())
+}
+
+/// A Kafka tool as the super user `admin`; `config_flag` names the tool's option for client
+/// settings (--command-config, --consumer.config, --producer.config).
+fn admin_tool(class: &str, config_flag: &str, args: &[&str]) -> Output {
+    let s = secure();
+    let mut all = vec![
+        "--bootstrap-server",
+        &s.bootstrap,
+        config_flag,
+        &s.admin_properties,
+    ];
+    all.extend_from_slice(args);
+    kafka_tool(class, &all)
+}
+
+fn must(out: Output, what: &str) -> String {
+    assert!(
+        out.status.success(),
+        "{what} failed:\n{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// librdkafka settings of the super user, for the test's own set-up (topics, input, listing).
+fn admin_client_config() -> rdkafka::ClientConfig {
+    let s = secure();
+    let mut cc = rdkafka::ClientConfig::new();
+    cc.set("bootstrap.servers", &s.bootstrap)
+        .set("security.protocol", "SASL_SSL")
+        .set("sasl.mechanism", "SCRAM-SHA-512")
+        .set("sasl.username", "admin")
+        .set("sasl.password", &s.admin_password)
+        .set("ssl.ca.location", &s.ca);
+    cc
+}
+
+fn create_topic_as_admin(topic: &str, partitions: i32) {
+    use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+    let admin: AdminClient<_> = admin_client_config().create().expect("admin client");
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let res = rt
+        .block_on(admin.create_topics(
+            &[NewTopic::new(topic, partitions, TopicReplication::Fixed(1))],
+            &AdminOptions::new().request_timeout(Some(Duration::from_secs(30))),
+        ))
+        .expect("create topics");
+    for r in res {
+        r.unwrap_or_else(|(t, e)| panic!("creating {t}: {e:?}"));
+    }
+}
+
+/// Writes `per_partition` records to each partition of `topic`; returns them per partition.
+fn produce_input(topic: &str, partitions: i32, per_partition: usize) -> BTreeMap<i32, Vec<String>> {
+    use rdkafka::producer::{DefaultProducerContext, Producer, ThreadedProducer};
+    let producer: ThreadedProducer<DefaultProducerContext> = admin_client_config()
+        .set("acks", "all")
+        .create()
+        .expect("producer");
+    let mut sent = BTreeMap::new();
+    for p in 0..partitions {
+        let values: Vec<String> = (0..per_partition).map(|i| format!("{p}.{i}")).collect();
+        for v in &values {
+            send_to_partition(&producer, topic, p, v);
+        }
+        sent.insert(p, values);
+    }
+    producer
+        .flush(Duration::from_secs(30))
+        .expect("input flushed");
+    sent
+}
+
+/// Whether `topic` exists, asked as admin.
+fn topic_exists(topic: &str) -> bool {
+    use rdkafka::consumer::{BaseConsumer, Consumer};
+    let c: BaseConsumer = admin_client_config().create().expect("client");
+    let md = c
+        .fetch_metadata(Some(topic), Duration::from_secs(15))
+        .expect("metadata");
+    md.topics()
+        .iter()
+        .any(|t| t.name() == topic && t.error().is_none() && !t.partitions().is_empty())
+}
+
+/// A SCRAM-SHA-512 user made now, so that no other test's ACLs apply to it.
+fn create_user(name: &str, password: &str) {
+    let config = format!("SCRAM-SHA-512=[password={password}]");
+    must(
+        admin_tool(
+            "kafka.admin.ConfigCommand",
+            "--command-config",
+            &[
+                "--alter",
+                "--add-config",
+                &config,
+                "--entity-type",
+                "users",
+                "--entity-name",
+                name,
+            ],
+        ),
+        "creating the SCRAM user",
+    );
+}
+
+/// One ACL as kafka-acls.sh takes it: the operation and the resource arguments.
+#[derive(Clone, Debug)]
+struct Acl {
+    operation: &'static str,
+    resource: Vec<String>,
+}
+
+impl Acl {
+    fn topic(operation: &'static str, topic: &str) -> Acl {
+        Acl {
+            operation,
+            resource: vec!["--topic".into(), topic.into()],
+        }
+    }
+
+    /// What the bridge's message names for this ACL (see src/acl.rs, Permission's Display).
+    fn named(&self) -> String {
+        match self.resource[0].as_str() {
+            "--topic" => format!("{} on topic '{}'", self.operation, self.resource[1]),
+            "--transactional-id" => format!(
+                "{} on transactional ids with prefix '{}'",
+                self.operation, self.resource[1]
+            ),
+            _ => format!("{} on the cluster", self.operation),
+        }
+    }
+
+    fn remove(&self, principal: &str) {
+        let mut args = vec![
+            "--remove",
+            "--force",
+            "--allow-principal",
+            principal,
+            "--operation",
+            self.operation,
+        ];
+        args.extend(self.resource.iter().map(String::as_str));
+        must(
+            admin_tool("AclCommand", "--command-config", &args),
+            &format!("kafka-acls {args:?}"),
+        );
+    }
+}
+
+/// The ACLs docs/security.md lists for an exactly-once bridge `id` from `source` to `sink`
+/// (topics that the bridge creates need Create as well; `creates` says whether it does).
+fn documented_set(id: &str, source: &str, sink: &str, marker: &str) -> Vec<Acl> {
+    vec![
+        Acl::topic("Read", source),
+        Acl::topic("Write", sink),
+        Acl::topic("Create", sink),
+        Acl::topic("Read", marker),
+        Acl::topic("Write", marker),
+        Acl::topic("Create", marker),
+        Acl {
+            operation: "Write",
+            resource: vec![
+                "--transactional-id".into(),
+                format!("eos-bridge-{id}-"),
+                "--resource-pattern-type".into(),
+                "prefixed".into(),
+            ],
+        },
+        Acl {
+            operation: "DescribeConfigs",
+            resource: vec!["--cluster".into()],
+        },
+    ]
+}
+
+/// Grants `set` with one AclCommand run per operation and pattern type (each run of the JVM tool
+/// costs seconds): topics of one operation go together.
+fn grant_all(set: &[Acl], principal: &str) {
+    let mut runs: BTreeMap<(&str, bool), Vec<&str>> = BTreeMap::new();
+    for acl in set {
+        let prefixed = acl.resource.iter().any(|w| w == "prefixed");
+        let resource = runs.entry((acl.operation, prefixed)).or_default();
+        resource.extend(
+            acl.resource
+                .iter()
+                .map(String::as_str)
+                .filter(|w| !matches!(*w, "--resource-pattern-type" | "prefixed")),
+        );
+    }
+    for ((operation, prefixed), resource) in runs {
+        let mut args = vec![
+            "--add",
+            "--allow-principal",
+            principal,
+            "--operation",
+            operation,
+        ];
+        args.extend(resource);
+        if prefixed {
+            args.extend(["--resource-pattern-type", "prefixed"]);
+        }
+        must(
+            admin_tool("AclCommand", "--command-config", &args),
+            &format!("kafka-acls {args:?}"),
+        );
+    }
+}
+
+/// A bridge on the secured broker as SCRAM user `user`; its password comes from the environment.
+fn spec(id: &str, source: &str, sink: &str, user: &str) -> BridgeSpec {
+    let s = secure();
+    let mut spec = BridgeSpec::new(source, sink);
+    spec.id = id.to_string();
+    spec.marker_topic = String::new();
+    spec.source_bootstrap = s.bootstrap.clone();
+    spec.sink_bootstrap = s.bootstrap.clone();
+    let kafka = format!(
+        "security.protocol = \"SASL_SSL\"\nsasl.mechanism = \"SCRAM-SHA-512\"\nsasl.username = \"{user}\"\n\
+         ssl.ca.location = \"{}\"\n",
+        s.ca
+    );
+    spec.extra = format!("\n[source.kafka]\n{kafka}\n[sink.kafka]\n{kafka}");
+    spec
+}
+
+fn password_env(password: &str) -> Vec<(&'static str, String)> {
+    vec![
+        (
+            "EOS_BRIDGE__SOURCE__KAFKA__SASL_PASSWORD",
+            password.to_string(),
+        ),
+        (
+            "EOS_BRIDGE__SINK__KAFKA__SASL_PASSWORD",
+            password.to_string(),
+        ),
+    ]
+}
+
+/// Runs `eos-bridge ARGS` to its end, at most `FAIL_FAST`: (exit code, stdout + stderr, time).
+fn bridge_cli(home: &BridgeHome, command: &str, password: &str) -> (Option<i32>, String, Duration) {
+    let port = free_port();
+    let cfg = home.dir.path().join(format!("{command}-{port}.toml"));
+    std::fs::write(&cfg, home.spec.toml(&home.state_dir(), port)).unwrap();
+    let out_path = home.dir.path().join(format!("{command}-{port}.out"));
+    let out = std::fs::File::create(&out_path).unwrap();
+    let began = Instant::now();
+    let child = Command::new(env!("CARGO_BIN_EXE_eos-bridge"))
+        .args([command, "--config", path_str(&cfg)])
+        .envs(password_env(password))
+        .env("EOS_BRIDGE_LOG", "info,librdkafka=warn,rdkafka=warn")
+        .stdin(Stdio::null())
+        .stdout(out.try_clone().unwrap())
+        .stderr(out)
+        .spawn()
+        .expect("eos-bridge starts");
+    // The harness's handle kills the process when dropped, should it outlive the bound.
+    let mut process = Bridge {
+        child,
+        port,
+        log: out_path,
+    };
+    let status = process.wait_exit(FAIL_FAST);
+    let took = began.elapsed();
+    let text = process.log_text();
+    (status.and_then(|s| s.code()), text, took)
+}
+
+/// The kafka-acls command the bridge printed for `acl`, run (as admin) to grant it back: the
+/// printed command itself is what is tested, not a copy of it.
+fn grant_as_printed(text: &str, acl: &Acl) {
+    let needle = format!("--operation {} {}", acl.operation, acl.resource.join(" "));
+    let line = text
+        .lines()
+        .flat_map(|l| l.split("kafka-acls.sh ").skip(1))
+        .map(|c| c.trim())
+        .find(|c| c.contains(&needle))
+        .unwrap_or_else(|| panic!("no kafka-acls command with '{needle}' in:\n{text}"));
+    let words: Vec<&str> = line.split_whitespace().collect();
+    let s = secure();
+    assert_eq!(
+        words.get(1),
+        Some(&s.bootstrap.as_str()),
+        "the command names the cluster: {line}"
+    );
+    // `--bootstrap-server B` is first; admin_tool supplies it along with the admin's settings.
+    must(
+        admin_tool("AclCommand", "--command-config", &words[2..]),
+        &format!("the printed command {line}"),
+    );
+}
+
+/// Removes each ACL of `removals` in turn; `check` and `run` must both fail fast naming it and its
+/// command; the printed command grants it back. Returns the slowest failure.
+fn assert_each_removal_fails(
+    home: &BridgeHome,
+    principal: &str,
+    password: &str,
+    removals: &[Acl],
+) -> Duration {
+    let mut slowest = Duration::ZERO;
+    for acl in removals {
+        acl.remove(principal);
+        let named = acl.named();
+        // ACL changes travel through the metadata log to the broker's authorizer: a check that
+        // still passes right after the removal is asked again, within the bound.
+        let mut check = bridge_cli(home, "check", password);
+        let began = Instant::now();
+        while check.0 == Some(0) && began.elapsed() < Duration::from_secs(10) {
+            check = bridge_cli(home, "check", password);
+        }
+        let (code, text, took) = check;
+        assert_eq!(code, Some(1), "check without {named}:\n{text}");
+        assert!(
+            text.contains(&format!("missing: {named}")) && text.contains("kafka-acls.sh"),
+            "check names {named} and its command:\n{text}"
+        );
+        slowest = slowest.max(took);
+        let (code, text, took) = bridge_cli(home, "run", password);
+        assert_eq!(
+            code,
+            Some(1),
+            "run without {named} exits 1 within {FAIL_FAST:?} (took {took:?}):\n{}",
+            tail(&text, 30)
+        );
+        assert!(
+            text.contains(&format!("missing permission: {named}")),
+            "run names {named}:\n{}",
+            tail(&text, 30)
+        );
+        slowest = slowest.max(took);
+        grant_as_printed(&text, acl);
+        eprintln!("without {named}: check and run failed, run in {took:?}");
+    }
+    slowest
+}
+
+/// Records per partition as Kafka's console consumer reads them, read_committed, as admin.
+fn read_committed(topic: &str) -> BTreeMap<i32, Vec<String>> {
+    let out = admin_tool(
+        "ConsoleConsumer",
+        "--consumer.config",
+        &[
+            "--topic",
+            topic,
+            "--from-beginning",
+            "--isolation-level",
+            "read_committed",
+            // Idle time after the last record; the first one comes after the group join over TLS.
+            "--timeout-ms",
+            "10000",
+            "--property",
+            "print.partition=true",
+            "--property",
+            "print.offset=true",
+            "--property",
+            "print.key=true",
+            "--property",
+            "key.separator=|",
+        ],
+    );
+    by_partition(&parse_console_lines(&String::from_utf8_lossy(&out.stdout)))
+}
+
+#[test]
+fn the_documented_acls_suffice_and_each_is_needed() {
+    let _serial = serial();
+    let user = unique("acl-user");
+    let password = random_alnum(24);
+    let principal = format!("User:{user}");
+    create_user(&user, &password);
+
+    let id = unique("aclb");
+    let source = unique("acl-src");
+    let sink = unique("acl-sink");
+    let marker = format!("__eos_bridge_markers.{id}");
+    create_topic_as_admin(&source, 2);
+    let want = produce_input(&source, 2, 150);
+    let set = documented_set(&id, &source, &sink, &marker);
+    grant_all(&set, &principal);
+    let t0 = Instant::now();
+
+    // Exactly the documented set: the bridge creates its sink and marker topics and bridges
+    // everything exactly once.
+    let home = BridgeHome::new(spec(&id, &source, &sink, &user));
+    let (code, text, _) = bridge_cli(&home, "check", &password);
+    assert_eq!(code, Some(0), "check with the documented ACLs:\n{text}");
+    let env = password_env(&password);
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let began = Instant::now();
+    let mut bridge = home.start(&env);
+    bridge.wait_committed(300, Duration::from_secs(60));
+    let status = bridge.stop_gracefully(Duration::from_secs(20));
+    assert!(
+        status.success(),
+        "{status}:\n{}",
+        tail(&bridge.log_text(), 30)
+    );
+    let bridged = began.elapsed();
+    let log = bridge.log_text();
+    assert!(!log.contains(&password), "the password appears in the log");
+    let got = read_committed(&sink);
+    assert_same_sequences(&want, &got);
+    eprintln!("set-up done; bridged and judged in {:?}", t0.elapsed());
+
+    // Each permission the running bridge uses, removed in turn (Create is judged below: the
+    // topics exist now).
+    let removals: Vec<Acl> = set
+        .iter()
+        .filter(|a| a.operation != "Create")
+        .cloned()
+        .collect();
+    let slowest = assert_each_removal_fails(&home, &principal, &password, &removals);
+    eprintln!(
+        "bridged 300 records exactly once as {principal} in {bridged:?}; slowest failure {slowest:?}"
+    );
+}
+
+#[test]
+fn creating_missing_topics_needs_create_on_them() {
+    let _serial = serial();
+    let user = unique("acl-user");
+    let password = random_alnum(24);
+    let principal = format!("User:{user}");
+    create_user(&user, &password);
+
+    let id = unique("aclc");
+    let source = unique("acl-src");
+    let sink = unique("acl-sink");
+    let marker = format!("__eos_bridge_markers.{id}");
+    create_topic_as_admin(&source, 1);
+    let set = documented_set(&id, &source, &sink, &marker);
+    grant_all(&set, &principal);
+    let home = BridgeHome::new(spec(&id, &source, &sink, &user));
+    let creates: Vec<Acl> = set
+        .iter()
+        .filter(|a| a.operation == "Create")
+        .cloned()
+        .collect();
+    // The probe stops both commands before anything is created, so the topics stay missing.
+    let slowest = assert_each_removal_fails(&home, &principal, &password, &creates);
+    for t in [&sink, &marker] {
+        assert!(!topic_exists(t), "a failed start created topic {t}");
+    }
+    eprintln!("slowest failure without a Create: {slowest:?}");
+}
