@@ -59,6 +59,7 @@ pub enum Operation {
     Write,
     Create,
     Alter,
+    Describe,
     DescribeConfigs,
 }
 
@@ -69,6 +70,7 @@ impl fmt::Display for Operation {
             Operation::Write => "Write",
             Operation::Create => "Create",
             Operation::Alter => "Alter",
+            Operation::Describe => "Describe",
             Operation::DescribeConfigs => "DescribeConfigs",
         })
     }
@@ -82,6 +84,7 @@ impl Operation {
             Operation::Write => Op::RD_KAFKA_ACL_OPERATION_WRITE,
             Operation::Create => Op::RD_KAFKA_ACL_OPERATION_CREATE,
             Operation::Alter => Op::RD_KAFKA_ACL_OPERATION_ALTER,
+            Operation::Describe => Op::RD_KAFKA_ACL_OPERATION_DESCRIBE,
             Operation::DescribeConfigs => Op::RD_KAFKA_ACL_OPERATION_DESCRIBE_CONFIGS,
         }
     }
@@ -91,6 +94,7 @@ impl Operation {
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Resource {
     Topic(String),
+    Group(String),
     /// Every transactional id starting with this prefix.
     TransactionalIdPrefix(String),
     Cluster,
@@ -109,6 +113,7 @@ impl fmt::Display for Permission {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match &self.resource {
             Resource::Topic(t) => write!(f, "{} on topic '{t}'", self.operation)?,
+            Resource::Group(g) => write!(f, "{} on group '{g}'", self.operation)?,
             Resource::TransactionalIdPrefix(p) => write!(
                 f,
                 "{} on transactional ids with prefix '{p}'",
@@ -126,6 +131,7 @@ impl Permission {
     pub fn grant_command(&self, bootstrap: &str, principal: &str) -> String {
         let resource = match &self.resource {
             Resource::Topic(t) => format!("--topic {}", shell_word(t)),
+            Resource::Group(g) => format!("--group {}", shell_word(g)),
             Resource::TransactionalIdPrefix(p) => format!(
                 "--transactional-id {} --resource-pattern-type prefixed",
                 shell_word(p)
@@ -230,6 +236,18 @@ pub fn transactional_id_prefix(bridge_id: &str) -> String {
     format!("eos-bridge-{bridge_id}-")
 }
 
+/// The group id of the source consumer. The bridge assigns partitions itself and commits no
+/// offsets, but librdkafka's `assign` needs a group, and a consumer with a group looks up its
+/// coordinator, which takes Describe on the group.
+pub fn source_group(bridge_id: &str) -> String {
+    format!("eos-bridge.{bridge_id}")
+}
+
+/// The group id of the commit-marker reader on the sink cluster (see `source_group`).
+pub fn marker_reader_group(bridge_id: &str) -> String {
+    format!("eos-bridge.{bridge_id}.marker-reader")
+}
+
 /// The transactional id the probe initialises: inside the prefix, never an instance's.
 pub fn probe_transactional_id(bridge_id: &str) -> String {
     format!("{}probe", transactional_id_prefix(bridge_id))
@@ -311,6 +329,7 @@ const WHY_DLQ_WRITE: &str =
     "on_bad_record = \"dead-letter\" writes refused records to the dead-letter topic";
 const WHY_DLQ_CREATE: &str = "on_bad_record = \"dead-letter\" creates the missing dead-letter topic on the first refused record";
 const WHY_TXN: &str = "the bridge's transactional producers (and the take-over fencing of older layouts) use these ids; Write implies Describe";
+const WHY_GROUP: &str = "librdkafka's consumers look up their group's coordinator (assign needs a group; no offsets are committed)";
 const WHY_CLUSTER_CONFIGS: &str = "the timeout check reads the broker's transaction.max.timeout.ms";
 
 /// Probes every permission the configuration needs. An error means a cluster could not be asked
@@ -360,6 +379,7 @@ pub fn probe(cfg: &Config, runtime: &Handle) -> Result<Probe> {
         })
         .collect();
     let found = check_topics(&source, runtime, &needs, &mut out)?;
+    check_group(&source, &source_group(&cfg.bridge.id), &mut out)?;
 
     let sink_kafka = props(&cfg.sink.kafka);
     let sink = Cluster {
@@ -418,6 +438,7 @@ pub fn probe(cfg: &Config, runtime: &Handle) -> Result<Probe> {
     let needs: Vec<Need> = needs.into_values().collect();
     check_topics(&sink, runtime, &needs, &mut out)?;
     if exactly_once {
+        check_group(&sink, &marker_reader_group(&cfg.bridge.id), &mut out)?;
         check_transactional_ids(&sink, cfg, &mut out)?;
     }
     Ok(out)
@@ -703,6 +724,85 @@ pub fn findings(cfg: &Config, runtime: &Handle) -> Vec<crate::check::Finding> {
         out.push(row("permissions", true, n, String::new()));
     }
     out
+}
+
+/// DescribeConsumerGroups of `group`: its coordinator lookup needs what the bridge's consumer's
+/// does, Describe on the group. A group never used is described as dead, not refused.
+fn check_group(cluster: &Cluster<'_>, group: &str, out: &mut Probe) -> Result<()> {
+    let rk = cluster.admin.inner().inner().native_ptr();
+    let name = CString::new(group)
+        .map_err(|e| BridgeError::kafka("describe group", KafkaError::from(e)))?;
+    let mut names = [name.as_ptr()];
+    let ms = millis(TIMEOUT);
+    let fail = |code| BridgeError::kafka("describe group", KafkaError::AdminOp(code));
+    // SAFETY: as in `describe_topics`: `rk` is a live handle, each object created here is owned by
+    // an `Owned` guard, librdkafka copies the group name and options into its request, and the
+    // description is borrowed from the event, which outlives its use.
+    let code = unsafe {
+        let options = Owned {
+            ptr: rd::rd_kafka_AdminOptions_new(
+                rk,
+                rd::rd_kafka_admin_op_t::RD_KAFKA_ADMIN_OP_DESCRIBECONSUMERGROUPS,
+            ),
+            destroy: rd::rd_kafka_AdminOptions_destroy,
+        };
+        let queue = Owned {
+            ptr: rd::rd_kafka_queue_new(rk),
+            destroy: rd::rd_kafka_queue_destroy,
+        };
+        if options.ptr.is_null() || queue.ptr.is_null() {
+            return Err(fail(RDKafkaErrorCode::Fail));
+        }
+        let mut errstr = [0 as c_char; 256];
+        rd::rd_kafka_AdminOptions_set_request_timeout(
+            options.ptr,
+            ms,
+            errstr.as_mut_ptr(),
+            errstr.len(),
+        );
+        rd::rd_kafka_DescribeConsumerGroups(rk, names.as_mut_ptr(), 1, options.ptr, queue.ptr);
+        let event = Owned {
+            ptr: rd::rd_kafka_queue_poll(queue.ptr, ms.saturating_add(1000)),
+            destroy: rd::rd_kafka_event_destroy,
+        };
+        if event.ptr.is_null() {
+            return Err(fail(RDKafkaErrorCode::OperationTimedOut));
+        }
+        let err = RDKafkaErrorCode::from(rd::rd_kafka_event_error(event.ptr));
+        if err != RDKafkaErrorCode::NoError {
+            err
+        } else {
+            let result = rd::rd_kafka_event_DescribeConsumerGroups_result(event.ptr);
+            if result.is_null() {
+                return Err(fail(RDKafkaErrorCode::Fail));
+            }
+            let mut count = 0usize;
+            let groups = rd::rd_kafka_DescribeConsumerGroups_result_groups(result, &mut count);
+            let mut code = RDKafkaErrorCode::NoError;
+            for i in 0..count {
+                let g = *groups.add(i);
+                if g.is_null() {
+                    continue;
+                }
+                let e = rd::rd_kafka_ConsumerGroupDescription_error(g);
+                if !e.is_null() {
+                    code = RDKafkaErrorCode::from(rd::rd_kafka_error_code(e));
+                }
+            }
+            code
+        }
+    };
+    if is_auth(code) {
+        out.denied.push(cluster.deny(
+            Operation::Describe,
+            Resource::Group(group.to_string()),
+            WHY_GROUP,
+            format!("DescribeConsumerGroups: {code:?}"),
+        ));
+    } else if code != RDKafkaErrorCode::NoError {
+        return Err(fail(code));
+    }
+    Ok(())
 }
 
 fn describe_error(code: RDKafkaErrorCode) -> BridgeError {

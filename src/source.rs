@@ -71,7 +71,7 @@ impl Source {
         }
         cc.set("bootstrap.servers", &cfg.source.bootstrap_servers)
             // Used only for the optional monitoring commit; positions live in our checkpoints.
-            .set("group.id", format!("eos-bridge.{}", cfg.bridge.id))
+            .set("group.id", crate::acl::source_group(&cfg.bridge.id))
             .set("enable.auto.commit", "false")
             .set("enable.auto.offset.store", "false")
             // Aborted source transactions must never be bridged.

@@ -209,6 +209,7 @@ impl Acl {
     fn named(&self) -> String {
         match self.resource[0].as_str() {
             "--topic" => format!("{} on topic '{}'", self.operation, self.resource[1]),
+            "--group" => format!("{} on group '{}'", self.operation, self.resource[1]),
             "--transactional-id" => format!(
                 "{} on transactional ids with prefix '{}'",
                 self.operation, self.resource[1]
@@ -256,6 +257,14 @@ fn documented_set(id: &str, source: &str, sink: &str, marker: &str) -> Vec<Acl> 
         Acl {
             operation: "DescribeConfigs",
             resource: vec!["--cluster".into()],
+        },
+        Acl {
+            operation: "Describe",
+            resource: vec!["--group".into(), format!("eos-bridge.{id}")],
+        },
+        Acl {
+            operation: "Describe",
+            resource: vec!["--group".into(), format!("eos-bridge.{id}.marker-reader")],
         },
     ]
 }
@@ -483,8 +492,40 @@ fn the_documented_acls_suffice_and_each_is_needed() {
         tail(&bridge.log_text(), 30)
     );
     let bridged = began.elapsed();
-    let log = bridge.log_text();
+    let mut log = bridge.log_text();
+    // A restart recovers from the commit markers it reads back: the marker reader's side of the
+    // set (Read on the marker topic, Describe on its group) at work.
+    let mut again = home.start(&env);
+    again.wait_committed(300, Duration::from_secs(60));
+    let status = again.stop_gracefully(Duration::from_secs(20));
+    assert!(
+        status.success(),
+        "{status}:\n{}",
+        tail(&again.log_text(), 30)
+    );
+    assert!(
+        again.log_text().contains("recovered outcome=\"committed\""),
+        "the restart recovered from its checkpoint and marker:\n{}",
+        tail(&again.log_text(), 30)
+    );
+    log.push_str(&again.log_text());
     assert!(!log.contains(&password), "the password appears in the log");
+    // Exactly this set: no client of the bridge was refused anything (librdkafka's consumers look
+    // up their group's coordinator, which would need Describe on the group, and say so if denied).
+    assert!(
+        !log.to_lowercase().contains("authorization failed"),
+        "a request was refused with the documented ACLs:\n{}",
+        tail(&log, 30)
+    );
+    // The one optional permission left out is shown as such, and check passes without it.
+    let (code, text, _) = bridge_cli(&home, "check", &password);
+    assert_eq!(code, Some(0), "check after the run:\n{text}");
+    assert!(
+        text.contains(&format!(
+            "optional, missing: DescribeConfigs on topic '{sink}'"
+        )),
+        "check shows the optional DescribeConfigs:\n{text}"
+    );
     let got = read_committed(&sink);
     assert_same_sequences(&want, &got);
     eprintln!("set-up done; bridged and judged in {:?}", t0.elapsed());
