@@ -14,7 +14,8 @@ ARG BUILDER_IMAGE=rust:1-bookworm
 ARG RUNTIME_IMAGE=debian:bookworm-slim
 
 # ---------------------------------------------------------------------------------------------
-# Build stage: a Rust toolchain (>= 1.88) plus what the bundled librdkafka build needs.
+# Build stage: a Rust toolchain (>= 1.88) plus what the bundled librdkafka build needs (Cyrus SASL
+# for GSSAPI/Kerberos, libcurl for OAUTHBEARER OIDC client credentials).
 # ---------------------------------------------------------------------------------------------
 FROM ${BUILDER_IMAGE} AS build
 ARG DEBIAN_FRONTEND=noninteractive
@@ -23,7 +24,7 @@ ARG DEBIAN_FRONTEND=noninteractive
 # Only what is missing is installed, so a builder that has everything needs no network here.
 RUN set -eu; \
     missing=""; \
-    for p in gcc g++ make perl pkg-config libssl-dev zlib1g-dev cmake; do \
+    for p in gcc g++ make perl pkg-config libssl-dev zlib1g-dev libsasl2-dev libcurl4-openssl-dev cmake; do \
       dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing="$missing $p"; \
     done; \
     if [ -n "$missing" ]; then \
@@ -61,15 +62,16 @@ RUN set -eu; \
     /out/eos-bridge --version
 
 # ---------------------------------------------------------------------------------------------
-# Runtime stage: slim Debian, the shared libraries the binary links (OpenSSL 3, zlib) and CA
-# certificates for TLS to the brokers. librdkafka and zstd are linked statically.
+# Runtime stage: slim Debian, the shared libraries the binary links (OpenSSL 3, zlib, Cyrus SASL
+# with its GSSAPI plugin for Kerberos, libcurl for OIDC token requests) and CA certificates for
+# TLS to the brokers. librdkafka and zstd are linked statically.
 # ---------------------------------------------------------------------------------------------
 FROM ${RUNTIME_IMAGE}
 ARG DEBIAN_FRONTEND=noninteractive
 
 RUN set -eu; \
     missing=""; \
-    for p in libssl3 zlib1g ca-certificates; do \
+    for p in libssl3 zlib1g libsasl2-2 libsasl2-modules-gssapi-mit libcurl4 ca-certificates; do \
       dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing="$missing $p"; \
     done; \
     if [ -n "$missing" ]; then \

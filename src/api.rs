@@ -91,7 +91,8 @@ pub fn unready_reasons(st: &crate::status::Status, max_age: Duration) -> Vec<Str
 
 async fn ready(State(s): State<ApiState>) -> Response {
     let st = snapshot(&s.status);
-    let reasons = unready_reasons(&st, s.ready_max_age);
+    let mut reasons = unready_reasons(&st, s.ready_max_age);
+    reasons.extend(crate::connectivity::unready_reasons(st.last_checkpoint_at));
     if reasons.is_empty() {
         (StatusCode::OK, Json(json!({"status": "ready"}))).into_response()
     } else {

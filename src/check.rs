@@ -36,6 +36,20 @@ fn fail(check: &str, detail: impl Into<String>, fix: impl Into<String>) -> Findi
 /// Runs every check against the clusters; `runtime` drives the admin calls.
 pub fn run(cfg: &Config, runtime: &tokio::runtime::Runtime) -> Vec<Finding> {
     let mut out = vec![pass("configuration", "parsed and validated")];
+
+    // Credentials, certificates and addresses first: the checks below would only time out.
+    let problems = crate::connectivity::probe_config(cfg);
+    if !problems.is_empty() {
+        for p in problems {
+            out.push(fail(
+                &format!("{} connection", p.cluster.name()),
+                p.summary(),
+                p.fix(),
+            ));
+        }
+        return out;
+    }
+    // Every ACL the configuration needs (src/acl.rs), once both clusters let the bridge in.
     out.extend(crate::acl::findings(cfg, runtime.handle()));
 
     match Source::new(cfg).and_then(|s| s.discover()) {

@@ -58,6 +58,9 @@ const ENV_ORIGIN: &str = "the environment";
 /// librdkafka's range for `transaction.timeout.ms`.
 const MIN_TRANSACTION_TIMEOUT: Duration = Duration::from_secs(1);
 const MAX_KAFKA_MS: u128 = i32::MAX as u128;
+/// Long enough for a broker restart or a rolling upgrade, short enough that a wrong address ends in
+/// an exit an orchestrator reports.
+const DEFAULT_UNREACHABLE_TIMEOUT: Duration = Duration::from_secs(300);
 const DURATION_EXAMPLES: &str = r#"write it like "500ms", "1s" or "2m""#;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -81,6 +84,8 @@ pub struct BridgeConfig {
     pub delivery: Delivery,
     /// What to do when a cluster or topic is not the one the committed positions were taken on.
     pub on_identity_change: IdentityPolicy,
+    /// How long start-up waits for a cluster no broker of answers before it exits.
+    pub unreachable_timeout: Duration,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -748,6 +753,7 @@ struct RawBridge {
     state_dir: Field<String>,
     delivery: Field<Parse<Delivery>>,
     on_identity_change: Field<Parse<IdentityPolicy>>,
+    unreachable_timeout: Field<HumanDuration>,
 }
 
 #[derive(Default, serde::Deserialize)]
@@ -1258,6 +1264,9 @@ impl Loader {
             on_identity_change: self
                 .take("bridge.on_identity_change", b.on_identity_change)
                 .map_or(IdentityPolicy::Stop, |Parse(v)| v),
+            unreachable_timeout: self
+                .take("bridge.unreachable_timeout", b.unreachable_timeout)
+                .map_or(DEFAULT_UNREACHABLE_TIMEOUT, |HumanDuration(d)| d),
         };
         let source = SourceConfig {
             bootstrap_servers: self
@@ -1381,6 +1390,12 @@ impl Loader {
                     r#""0s" would never report ready: leave it out for the default ({}) or {DURATION_EXAMPLES}"#,
                     show(c.checkpoint.default_ready_max_age())
                 ),
+            );
+        }
+        if c.bridge.unreachable_timeout.is_zero() && self.usable(&["bridge.unreachable_timeout"]) {
+            self.fail(
+                "bridge.unreachable_timeout",
+                r#""0s" would stop at the first refused connection: use e.g. "5m" (the default)"#,
             );
         }
         if c.shutdown.timeout.is_zero() && self.usable(&["shutdown.timeout"]) {
@@ -2185,6 +2200,7 @@ mod tests {
             state_dir = "/var/lib/eos-bridge"
             delivery = "at-least-once"
             on_identity_change = "restart"
+            unreachable_timeout = "90s"
 
             [source]
             bootstrap_servers = "src-1:9092"
@@ -2237,6 +2253,7 @@ mod tests {
                 state_dir: "/var/lib/eos-bridge".into(),
                 delivery: Delivery::AtLeastOnce,
                 on_identity_change: IdentityPolicy::Restart,
+                unreachable_timeout: Duration::from_secs(90),
             },
             source: SourceConfig {
                 bootstrap_servers: "src-1:9092".into(),

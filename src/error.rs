@@ -172,6 +172,42 @@ pub enum BridgeError {
     )]
     IdentityRestart { changes: String, topics: String },
 
+    /// The cluster refused the SASL credentials: waiting cannot fix that.
+    #[error(
+        "{cluster} cluster: authentication failed ({detail}). Fix sasl.mechanism, sasl.username and \
+         sasl.password (or the sasl.oauthbearer.* settings) in [{cluster}.kafka]; the password is best set \
+         from the environment (EOS_BRIDGE__{upper}__KAFKA__SASL_PASSWORD). Nothing was lost: after the fix, \
+         a restart resumes from the last commit", upper = .cluster.to_uppercase()
+    )]
+    Authentication {
+        cluster: &'static str,
+        detail: String,
+    },
+
+    /// The TLS handshake with the cluster failed: waiting cannot fix that.
+    #[error(
+        "{cluster} cluster: TLS handshake failed ({detail}). Fix security.protocol (SSL or SASL_SSL for a TLS \
+         listener), ssl.ca.location (the CA that signed the brokers' certificates) and, for mutual TLS, \
+         ssl.certificate.location and ssl.key.location in [{cluster}.kafka]. Nothing was lost: after the fix, \
+         a restart resumes from the last commit"
+    )]
+    Tls {
+        cluster: &'static str,
+        detail: String,
+    },
+
+    /// No broker of the cluster answered for longer than `bridge.unreachable_timeout` at start-up.
+    #[error(
+        "{cluster} cluster unreachable for {waited:?} ({detail}): check {cluster}.bootstrap_servers, the \
+         network and that the brokers run (bridge.unreachable_timeout bounds this wait). Nothing was lost: a \
+         restart resumes from the last commit"
+    )]
+    Unreachable {
+        cluster: &'static str,
+        detail: String,
+        waited: Duration,
+    },
+
     #[error("{0}")]
     Setup(String),
 }
@@ -218,6 +254,9 @@ impl BridgeError {
             BridgeError::Fenced { .. }
             | BridgeError::Unauthorized { .. }
             | BridgeError::MissingPermissions(_)
+            | BridgeError::Authentication { .. }
+            | BridgeError::Tls { .. }
+            | BridgeError::Unreachable { .. }
             | BridgeError::Config(_)
             | BridgeError::Store(_)
             | BridgeError::Recovery(_)
@@ -250,7 +289,7 @@ impl BridgeError {
     }
 
     /// Every value `reason()` can return, so that metrics can show each at zero from the start.
-    pub const REASONS: [&'static str; 14] = [
+    pub const REASONS: [&'static str; 17] = [
         "kafka_error",
         "delivery_error",
         "checkpoint_timeout",
@@ -264,6 +303,9 @@ impl BridgeError {
         "config",
         "marker_topic_shared",
         "marker_partition_unstable",
+        "authentication",
+        "tls",
+        "unreachable",
         "setup",
     ];
 
@@ -288,6 +330,9 @@ impl BridgeError {
             BridgeError::Config(_) => "config",
             BridgeError::MarkerTopicShared { .. } => "marker_topic_shared",
             BridgeError::MarkerPartitionUnstable { .. } => "marker_partition_unstable",
+            BridgeError::Authentication { .. } => "authentication",
+            BridgeError::Tls { .. } => "tls",
+            BridgeError::Unreachable { .. } => "unreachable",
             BridgeError::Setup(_) => "setup",
         }
     }

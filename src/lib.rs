@@ -10,6 +10,7 @@ pub mod api;
 pub mod check;
 pub mod checkpoint;
 pub mod config;
+pub mod connectivity;
 pub mod daemon;
 pub mod error;
 pub mod failpoint;

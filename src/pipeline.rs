@@ -276,6 +276,25 @@ fn wait_out<T>(
     }
 }
 
+/// Connects to both clusters before anything else: wrong credentials and untrusted certificates
+/// stop start-up at once (librdkafka would only time out on them, step after step), and a cluster
+/// no broker of answers stops it after `bridge.unreachable_timeout`.
+fn preflight(cfg: &Config, shared: &Shared) -> Result<Option<()>> {
+    let began = Instant::now();
+    let limit = cfg.bridge.unreachable_timeout;
+    let keep_waiting =
+        |e: &BridgeError| matches!(e, BridgeError::Unreachable { .. }) && began.elapsed() < limit;
+    wait_out(shared, "connect to the clusters", keep_waiting, || {
+        let mut problems = crate::connectivity::probe_config(cfg);
+        // A refused login is reported even while the other cluster is down.
+        problems.sort_by_key(|p| p.trouble == crate::connectivity::Trouble::Unreachable);
+        match problems.into_iter().next() {
+            Some(p) => Err(p.into_error(began.elapsed())),
+            None => Ok(()),
+        }
+    })
+}
+
 /// Runs the bridge until shutdown or a fatal error.
 pub fn run(
     cfg: Arc<Config>,
@@ -371,6 +390,9 @@ impl<'a> Pipeline<'a> {
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect();
+        if preflight(&cfg, shared)?.is_none() {
+            return Ok(None);
+        }
         let admin = Admin::new(&cfg.sink.bootstrap_servers, &sink_kafka)?;
         let exactly_once = cfg.bridge.delivery == Delivery::ExactlyOnce;
 

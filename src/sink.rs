@@ -205,7 +205,11 @@ impl SinkContext {
     }
 }
 
-impl ClientContext for SinkContext {}
+impl ClientContext for SinkContext {
+    fn error(&self, error: KafkaError, reason: &str) {
+        crate::connectivity::on_error(crate::connectivity::Cluster::Sink, &error, reason);
+    }
+}
 
 impl ProducerContext for SinkContext {
     type DeliveryOpaque = Box<SourceRef>;

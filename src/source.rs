@@ -37,6 +37,10 @@ pub struct SourceContext {
 }
 
 impl ClientContext for SourceContext {
+    fn error(&self, error: rdkafka::error::KafkaError, reason: &str) {
+        crate::connectivity::on_error(crate::connectivity::Cluster::Source, &error, reason);
+    }
+
     fn stats(&self, statistics: Statistics) {
         let mut map = self.last_stable.lock().unwrap_or_else(|p| p.into_inner());
         for (topic, t) in statistics.topics {

@@ -7,12 +7,11 @@
 mod common;
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
 use std::process::{Command, Output, Stdio};
-use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use common::bridge::{free_port, tail, Bridge, BridgeHome, BridgeSpec};
+use common::secure::secure_broker;
 use common::*;
 
 /// How long `check` or `run` may take to fail for a missing permission. The probe itself takes
@@ -20,82 +19,9 @@ use common::*;
 /// shared 2-core machine.
 const FAIL_FAST: Duration = Duration::from_secs(20);
 
-/// The secured broker: `EOS_BRIDGE_TEST_SECURE_DIR` (its run dir, as .ci/run sets it) or one this
-/// process starts and stops.
-struct Secure {
-    bootstrap: String,
-    admin_properties: String,
-    admin_password: String,
-    ca: String,
-}
-
-fn secure() -> &'static Secure {
-    static SECURE: OnceLock<Secure> = OnceLock::new();
-    SECURE.get_or_init(|| {
-        let dir = match std::env::var("EOS_BRIDGE_TEST_SECURE_DIR") {
-            Ok(d) if !d.is_empty() => PathBuf::from(d),
-            _ => start_private_secure(),
-        };
-        let env = std::fs::read_to_string(dir.join("secure.env")).expect("secure.env");
-        let get = |k: &str| {
-            env.lines()
-                .find_map(|l| l.strip_prefix(&format!("{k}=")))
-                .unwrap_or_else(|| panic!("{k} in secure.env"))
-                .to_string()
-        };
-        Secure {
-            bootstrap: get("SECURE_SASL_SSL_BOOTSTRAP"),
-            admin_properties: get("SECURE_ADMIN_PROPERTIES"),
-            admin_password: get("SECURE_ADMIN_PASSWORD"),
-            ca: get("SECURE_CA_PEM"),
-        }
-    })
-}
-
-static PRIVATE: OnceLock<String> = OnceLock::new();
-
-extern "C" fn stop_private_secure() {
-    if let Some(name) = PRIVATE.get() {
-        let _ = Command::new(kafka_script())
-            .args(["stop", "--name", name, "--purge"])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status();
-    }
-}
-
-fn start_private_secure() -> PathBuf {
-    let name = format!("acl-{}", random_suffix());
-    PRIVATE.set(name.clone()).unwrap();
-    // SAFETY: registering a plain extern "C" fn with no captured state.
-    unsafe {
-        libc::atexit(stop_private_secure);
-    }
-    let run = |args: &[&str]| {
-        let out = Command::new(kafka_script())
-            .args(args)
-            .stderr(Stdio::inherit())
-            .output()
-            .expect("scripts/kafka runs");
-        assert!(out.status.success(), "scripts/kafka {args:?} failed");
-        String::from_utf8_lossy(&out.stdout).trim().to_string()
-    };
-    run(&["start", "--name", &name, "--secure", "--fresh"]);
-    PathBuf::from(run(&["dir", "--name", &name]).lines().last().unwrap())
-}
-
-/// A Kafka tool as the super user `admin`; `config_flag` names the tool's option for client
-/// settings (--command-config, --consumer.config, --producer.config).
+/// A Kafka tool as the super user `admin` on the secured broker (tests/common/secure.rs).
 fn admin_tool(class: &str, config_flag: &str, args: &[&str]) -> Output {
-    let s = secure();
-    let mut all = vec![
-        "--bootstrap-server",
-        &s.bootstrap,
-        config_flag,
-        &s.admin_properties,
-    ];
-    all.extend_from_slice(args);
-    kafka_tool(class, &all)
+    secure_broker().tool(class, config_flag, args)
 }
 
 fn must(out: Output, what: &str) -> String {
@@ -108,59 +34,19 @@ fn must(out: Output, what: &str) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
-/// librdkafka settings of the super user, for the test's own set-up (topics, input, listing).
-fn admin_client_config() -> rdkafka::ClientConfig {
-    let s = secure();
-    let mut cc = rdkafka::ClientConfig::new();
-    cc.set("bootstrap.servers", &s.bootstrap)
-        .set("security.protocol", "SASL_SSL")
-        .set("sasl.mechanism", "SCRAM-SHA-512")
-        .set("sasl.username", "admin")
-        .set("sasl.password", &s.admin_password)
-        .set("ssl.ca.location", &s.ca);
-    cc
-}
-
-fn create_topic_as_admin(topic: &str, partitions: i32) {
-    use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
-    let admin: AdminClient<_> = admin_client_config().create().expect("admin client");
-    let rt = tokio::runtime::Runtime::new().unwrap();
-    let res = rt
-        .block_on(admin.create_topics(
-            &[NewTopic::new(topic, partitions, TopicReplication::Fixed(1))],
-            &AdminOptions::new().request_timeout(Some(Duration::from_secs(30))),
-        ))
-        .expect("create topics");
-    for r in res {
-        r.unwrap_or_else(|(t, e)| panic!("creating {t}: {e:?}"));
-    }
-}
-
-/// Writes `per_partition` records to each partition of `topic`; returns them per partition.
-fn produce_input(topic: &str, partitions: i32, per_partition: usize) -> BTreeMap<i32, Vec<String>> {
-    use rdkafka::producer::{DefaultProducerContext, Producer, ThreadedProducer};
-    let producer: ThreadedProducer<DefaultProducerContext> = admin_client_config()
-        .set("acks", "all")
-        .create()
-        .expect("producer");
-    let mut sent = BTreeMap::new();
-    for p in 0..partitions {
-        let values: Vec<String> = (0..per_partition).map(|i| format!("{p}.{i}")).collect();
-        for v in &values {
-            send_to_partition(&producer, topic, p, v);
-        }
-        sent.insert(p, values);
-    }
-    producer
-        .flush(Duration::from_secs(30))
-        .expect("input flushed");
-    sent
-}
-
 /// Whether `topic` exists, asked as admin.
 fn topic_exists(topic: &str) -> bool {
     use rdkafka::consumer::{BaseConsumer, Consumer};
-    let c: BaseConsumer = admin_client_config().create().expect("client");
+    let b = secure_broker();
+    let c: BaseConsumer = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", b.sasl_ssl())
+        .set("security.protocol", "SASL_SSL")
+        .set("ssl.ca.location", b.get("SECURE_CA_PEM"))
+        .set("sasl.mechanism", "SCRAM-SHA-512")
+        .set("sasl.username", "admin")
+        .set("sasl.password", b.get("SECURE_ADMIN_PASSWORD"))
+        .create()
+        .expect("client");
     let md = c
         .fetch_metadata(Some(topic), Duration::from_secs(15))
         .expect("metadata");
@@ -304,16 +190,16 @@ fn grant_all(set: &[Acl], principal: &str) {
 
 /// A bridge on the secured broker as SCRAM user `user`; its password comes from the environment.
 fn spec(id: &str, source: &str, sink: &str, user: &str) -> BridgeSpec {
-    let s = secure();
+    let b = secure_broker();
     let mut spec = BridgeSpec::new(source, sink);
     spec.id = id.to_string();
     spec.marker_topic = String::new();
-    spec.source_bootstrap = s.bootstrap.clone();
-    spec.sink_bootstrap = s.bootstrap.clone();
+    spec.source_bootstrap = b.sasl_ssl().to_string();
+    spec.sink_bootstrap = b.sasl_ssl().to_string();
     let kafka = format!(
         "security.protocol = \"SASL_SSL\"\nsasl.mechanism = \"SCRAM-SHA-512\"\nsasl.username = \"{user}\"\n\
          ssl.ca.location = \"{}\"\n",
-        s.ca
+        b.get("SECURE_CA_PEM")
     );
     spec.extra = format!("\n[source.kafka]\n{kafka}\n[sink.kafka]\n{kafka}");
     spec
@@ -372,10 +258,9 @@ fn grant_as_printed(text: &str, acl: &Acl) {
         .find(|c| c.contains(&needle))
         .unwrap_or_else(|| panic!("no kafka-acls command with '{needle}' in:\n{text}"));
     let words: Vec<&str> = line.split_whitespace().collect();
-    let s = secure();
     assert_eq!(
         words.get(1),
-        Some(&s.bootstrap.as_str()),
+        Some(&secure_broker().sasl_ssl()),
         "the command names the cluster: {line}"
     );
     // `--bootstrap-server B` is first; admin_tool supplies it along with the admin's settings.
@@ -430,33 +315,6 @@ fn assert_each_removal_fails(
     slowest
 }
 
-/// Records per partition as Kafka's console consumer reads them, read_committed, as admin.
-fn read_committed(topic: &str) -> BTreeMap<i32, Vec<String>> {
-    let out = admin_tool(
-        "ConsoleConsumer",
-        "--consumer.config",
-        &[
-            "--topic",
-            topic,
-            "--from-beginning",
-            "--isolation-level",
-            "read_committed",
-            // Idle time after the last record; the first one comes after the group join over TLS.
-            "--timeout-ms",
-            "10000",
-            "--property",
-            "print.partition=true",
-            "--property",
-            "print.offset=true",
-            "--property",
-            "print.key=true",
-            "--property",
-            "key.separator=|",
-        ],
-    );
-    by_partition(&parse_console_lines(&String::from_utf8_lossy(&out.stdout)))
-}
-
 #[test]
 fn the_documented_acls_suffice_and_each_is_needed() {
     let _serial = serial();
@@ -469,8 +327,9 @@ fn the_documented_acls_suffice_and_each_is_needed() {
     let source = unique("acl-src");
     let sink = unique("acl-sink");
     let marker = format!("__eos_bridge_markers.{id}");
-    create_topic_as_admin(&source, 2);
-    let want = produce_input(&source, 2, 150);
+    let broker = secure_broker();
+    broker.create_topic(&source, 2);
+    broker.produce(&source, 2, 300, 1);
     let set = documented_set(&id, &source, &sink, &marker);
     grant_all(&set, &principal);
     let t0 = Instant::now();
@@ -526,8 +385,9 @@ fn the_documented_acls_suffice_and_each_is_needed() {
         )),
         "check shows the optional DescribeConfigs:\n{text}"
     );
-    let got = read_committed(&sink);
-    assert_same_sequences(&want, &got);
+    // Kafka's read_committed console consumer, as admin, on both topics.
+    let copied = broker.assert_exactly_once(&source, 300, &sink);
+    assert_eq!(copied, 300);
     eprintln!("set-up done; bridged and judged in {:?}", t0.elapsed());
 
     // Each permission the running bridge uses, removed in turn (Create is judged below: the
@@ -555,7 +415,7 @@ fn creating_missing_topics_needs_create_on_them() {
     let source = unique("acl-src");
     let sink = unique("acl-sink");
     let marker = format!("__eos_bridge_markers.{id}");
-    create_topic_as_admin(&source, 1);
+    secure_broker().create_topic(&source, 1);
     let set = documented_set(&id, &source, &sink, &marker);
     grant_all(&set, &principal);
     let home = BridgeHome::new(spec(&id, &source, &sink, &user));

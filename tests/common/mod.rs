@@ -7,6 +7,7 @@
 #![allow(dead_code)]
 
 pub mod bridge;
+pub mod secure;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -38,7 +39,7 @@ extern "C" fn stop_started_brokers() {
     }
 }
 
-fn register_stop(name: &str) {
+pub fn register_stop(name: &str) {
     let mut started = STARTED.lock().unwrap();
     if started.is_empty() {
         // SAFETY: registering a plain extern "C" fn with no captured state.
