@@ -276,6 +276,47 @@ pub fn probe_config(cfg: &Config) -> Vec<Problem> {
 mod tests {
     use super::*;
 
+    /// What docs/security.md calls "only built": librdkafka has the code for Kerberos and OIDC
+    /// client credentials and accepts their settings; no test has a KDC or an identity provider.
+    #[test]
+    fn librdkafka_is_built_with_kerberos_and_oidc() {
+        let native = ClientConfig::new().create_native_config().unwrap();
+        let features = native.get("builtin.features").unwrap();
+        for f in [
+            "ssl",
+            "sasl_plain",
+            "sasl_scram",
+            "sasl_oauthbearer",
+            "sasl_gssapi",
+            "oidc",
+        ] {
+            assert!(features.split(',').any(|x| x == f), "{f} in {features}");
+        }
+        let mut oidc = ClientConfig::new();
+        oidc.set("bootstrap.servers", "127.0.0.1:1")
+            .set("security.protocol", "SASL_SSL")
+            .set("sasl.mechanism", "OAUTHBEARER")
+            .set("sasl.oauthbearer.method", "oidc")
+            .set("sasl.oauthbearer.client.id", "bridge")
+            .set("sasl.oauthbearer.client.secret", "not-a-secret")
+            .set(
+                "sasl.oauthbearer.token.endpoint.url",
+                "https://127.0.0.1:1/token",
+            );
+        let created: Result<BaseConsumer, _> = oidc.create();
+        assert!(created.is_ok(), "OIDC client: {:?}", created.err());
+        let mut kerberos = ClientConfig::new();
+        kerberos
+            .set("bootstrap.servers", "127.0.0.1:1")
+            .set("security.protocol", "SASL_PLAINTEXT")
+            .set("sasl.mechanism", "GSSAPI")
+            .set("sasl.kerberos.service.name", "kafka")
+            // No kinit at creation: there is no KDC here.
+            .set("sasl.kerberos.min.time.before.relogin", "0");
+        let created: Result<BaseConsumer, _> = kerberos.create();
+        assert!(created.is_ok(), "GSSAPI client: {:?}", created.err());
+    }
+
     #[test]
     fn brokers_down_after_a_refused_login_keeps_the_refusal_as_the_cause() {
         report(

@@ -280,3 +280,61 @@ fn an_unreachable_cluster_is_reported_by_ready_and_stops_start_up_after_its_time
         ready.map(|(_, b)| b)
     );
 }
+
+/// A running bridge whose sink cluster goes away keeps running, answers not ready naming the
+/// cause, and catches up exactly once when the cluster is back. (A private plaintext broker: the
+/// shared secured one is not to be killed.)
+#[test]
+fn a_running_bridge_that_loses_its_sink_says_why_and_catches_up_once() {
+    let _serial = serial();
+    let source = bootstrap();
+    let sink = Broker::start_private("sec-lost");
+    let input = unique("lost-in");
+    let output = unique("lost-out");
+    create_topic(source, &input, 2);
+    assert!(verifiable_produce(source, &input, 1000, -1, Some(1))
+        .status
+        .success());
+    let mut spec = BridgeSpec::new(&input, &output);
+    spec.sink_bootstrap = sink.bootstrap.clone();
+    let home = BridgeHome::new(spec);
+    let mut bridge = home.start(&[]);
+    bridge.wait_committed(1000, Duration::from_secs(60));
+
+    sink.kill9();
+    let lost = Instant::now();
+    let mut ready = None;
+    let said_why = wait_until(Duration::from_secs(45), || {
+        ready = bridge.get("/health/ready");
+        matches!(&ready, Some((503, body)) if body.contains("sink cluster unreachable"))
+    });
+    assert!(
+        said_why,
+        "/health/ready names the lost sink: {ready:?}\n{}",
+        tail(&bridge.log_text(), 20)
+    );
+    let noticed = lost.elapsed();
+    assert!(
+        matches!(bridge.child.try_wait(), Ok(None)),
+        "a running bridge waits for its cluster:\n{}",
+        tail(&bridge.log_text(), 20)
+    );
+    assert!(verifiable_produce(source, &input, 1000, -1, Some(2))
+        .status
+        .success());
+    sink.restart();
+    bridge.wait_committed(2000, Duration::from_secs(90));
+    let ready_again = wait_until(Duration::from_secs(30), || {
+        matches!(bridge.get("/health/ready"), Some((200, _)))
+    });
+    assert!(ready_again, "ready again after the sink is back");
+    assert!(bridge.stop_gracefully(Duration::from_secs(30)).success());
+    let out = assert_exactly_once(source, &input, &sink.bootstrap, &output);
+    assert_eq!(out, 2000);
+    eprintln!(
+        "lost sink: not ready after {:.1}s with {:?}; after the restart 2000 in, {out} out, exactly once",
+        noticed.as_secs_f64(),
+        ready.map(|(_, b)| b)
+    );
+    sink.stop();
+}
