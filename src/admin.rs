@@ -100,6 +100,11 @@ impl Admin {
         Ok(Some(out))
     }
 
+    /// The admin client, for the permission probe (`acl`).
+    pub(crate) fn inner(&self) -> &AdminClient<DefaultClientContext> {
+        &self.client
+    }
+
     fn options() -> AdminOptions {
         AdminOptions::new().request_timeout(Some(TIMEOUT))
     }
@@ -363,15 +368,15 @@ pub fn cluster_ids<C: ClientContext>(
     })
 }
 
-fn millis(d: Duration) -> c_int {
+pub(crate) fn millis(d: Duration) -> c_int {
     d.as_millis().min(c_int::MAX as u128 / 2) as c_int
 }
 
 /// A librdkafka object this module created, destroyed when dropped so that every return path
 /// frees it.
-struct Owned<T> {
-    ptr: *mut T,
-    destroy: unsafe extern "C" fn(*mut T),
+pub(crate) struct Owned<T> {
+    pub(crate) ptr: *mut T,
+    pub(crate) destroy: unsafe extern "C" fn(*mut T),
 }
 
 impl<T> Drop for Owned<T> {

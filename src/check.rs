@@ -105,6 +105,8 @@ pub fn run(cfg: &Config, runtime: &tokio::runtime::Runtime) -> Vec<Finding> {
         }
         return out;
     }
+    // Every ACL the configuration needs (src/acl.rs), once both clusters let the bridge in.
+    out.extend(crate::acl::findings(cfg, runtime.handle()));
 
     let mut source_topics = BTreeMap::new();
     match Source::new(cfg).and_then(|s| s.discover()) {

@@ -57,6 +57,10 @@ pub enum BridgeError {
         code: RDKafkaErrorCode,
     },
 
+    /// Permissions the probe found missing at start-up (`acl`), each with its grant command.
+    #[error(transparent)]
+    MissingPermissions(#[from] crate::acl::MissingPermissions),
+
     #[error(transparent)]
     Store(#[from] StoreError),
 
@@ -289,6 +293,7 @@ impl BridgeError {
             BridgeError::SourceTopicsUnavailable { .. } => Action::Retry,
             BridgeError::Fenced { .. }
             | BridgeError::Unauthorized { .. }
+            | BridgeError::MissingPermissions(_)
             | BridgeError::Authentication { .. }
             | BridgeError::Tls { .. }
             | BridgeError::Unreachable { .. }
@@ -363,7 +368,7 @@ impl BridgeError {
             BridgeError::Delivery { .. } => "delivery_error",
             BridgeError::CheckpointTimeout { .. } => "checkpoint_timeout",
             BridgeError::Fenced { .. } => "fenced",
-            BridgeError::Unauthorized { .. } => "unauthorized",
+            BridgeError::Unauthorized { .. } | BridgeError::MissingPermissions(_) => "unauthorized",
             BridgeError::Store(_) => "state_store",
             BridgeError::Recovery(_) => "recovery",
             BridgeError::LayoutSuperseded(_) => "layout_superseded",

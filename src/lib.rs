@@ -12,6 +12,7 @@
 
 #![warn(unreachable_pub)]
 
+mod acl;
 pub mod admin;
 mod api;
 pub mod check;

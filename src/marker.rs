@@ -178,10 +178,7 @@ fn marker_reader(s: &SinkSettings, isolation: &str) -> Result<BaseConsumer> {
         }
     }
     cc.set("bootstrap.servers", &s.bootstrap_servers)
-        .set(
-            "group.id",
-            format!("eos-bridge.{}.marker-reader", s.bridge_id),
-        )
+        .set("group.id", crate::acl::marker_reader_group(&s.bridge_id))
         .set("enable.auto.commit", "false")
         .set("isolation.level", isolation)
         .set("enable.partition.eof", "true")

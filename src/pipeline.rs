@@ -489,6 +489,17 @@ impl<'a> Pipeline<'a> {
 
         let transient = |e: &BridgeError| e.is_transient();
 
+        // Missing ACLs stop start-up at once, each named with the command that grants it.
+        let Some(optional) = wait_out(shared, "probe the permissions", transient, || {
+            crate::acl::require(&cfg, &shared.runtime)
+        })?
+        else {
+            return Ok(None);
+        };
+        for d in &optional {
+            warn!(permission = %d.permission, grant = %d.command(), "optional permission missing: {}", d.permission.why);
+        }
+
         // The timeout rule, before anything is consumed.
         let mut foreign_transaction_wait = Duration::ZERO;
         if exactly_once {

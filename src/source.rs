@@ -143,7 +143,7 @@ impl Source {
         cc.set("bootstrap.servers", &cfg.source.bootstrap_servers)
             // Never committed to by this consumer: positions live in our checkpoints, and the
             // monitoring group (by default this same id) has a client of its own, offsets::monitor.
-            .set("group.id", format!("eos-bridge.{}", cfg.bridge.id))
+            .set("group.id", crate::acl::source_group(&cfg.bridge.id))
             .set("enable.auto.commit", "false")
             .set("enable.auto.offset.store", "false")
             // Aborted source transactions must never be bridged.
