@@ -14,16 +14,20 @@
 //!        poll G's committed offsets on TOPIC every --interval-ms; print "P <epoch ms> <sum>" on
 //!        each change; exit 0 once the sum reaches N (or 1 after --timeout-s)
 
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+mod common;
+
+use std::time::{Duration, Instant};
 
 use clap::{Parser, Subcommand};
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
-use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::error::KafkaError;
 use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
 use rdkafka::{Offset, TopicPartitionList};
+
+use common::{bridge_producer, letters, now_ms, read_committed_consumer, send_waiting};
 
 #[derive(Parser)]
 struct Args {
@@ -79,30 +83,15 @@ enum Cmd {
     },
 }
 
-fn now_ms() -> u128 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_millis()
-}
-
 fn consumer(bootstrap: &str, group: &str) -> BaseConsumer {
-    ClientConfig::new()
-        .set("bootstrap.servers", bootstrap)
-        .set("group.id", group)
-        .set("enable.auto.commit", "false")
-        .set("isolation.level", "read_committed")
+    read_committed_consumer(bootstrap, group)
         .set("enable.partition.eof", "true")
-        .set("auto.offset.reset", "earliest")
         .create()
         .expect("consumer")
 }
 
 fn partitions(c: &BaseConsumer, topic: &str) -> Vec<i32> {
-    let md = c
-        .fetch_metadata(Some(topic), Duration::from_secs(10))
-        .expect("metadata");
-    md.topics()[0].partitions().iter().map(|p| p.id()).collect()
+    common::partitions(c.client(), topic)
 }
 
 fn admin(bootstrap: &str) -> AdminClient<DefaultClientContext> {
@@ -205,40 +194,17 @@ fn main() {
             size,
             topic,
         } => {
-            let producer: ThreadedProducer<DefaultProducerContext> = ClientConfig::new()
-                .set("bootstrap.servers", &bootstrap)
-                .set("linger.ms", "5")
-                .set("batch.size", "1000000")
-                .set("compression.type", "lz4")
-                .set("enable.idempotence", "true")
-                .create()
-                .expect("producer");
+            let producer: ThreadedProducer<DefaultProducerContext> =
+                bridge_producer(&bootstrap).create().expect("producer");
             let c = consumer(&bootstrap, "bench-probe");
             let parts = partitions(&c, &topic).len() as u64;
-            let mut seed: u64 = 0x2545_f491_4f6c_dd1d;
-            let letters: Vec<u8> = (0..(1 << 20) + size)
-                .map(|_| {
-                    seed ^= seed << 13;
-                    seed ^= seed >> 7;
-                    seed ^= seed << 17;
-                    b'A' + (seed % 26) as u8
-                })
-                .collect();
+            let letters = letters(0x2545_f491_4f6c_dd1d, (1 << 20) + size);
             for i in 0..records {
                 let off = ((i.wrapping_mul(0x9e37_79b9)) % (1 << 20)) as usize;
-                let mut rec: BaseRecord<'_, [u8], [u8]> = BaseRecord::to(&topic)
+                let rec: BaseRecord<'_, [u8], [u8]> = BaseRecord::to(&topic)
                     .partition((i % parts) as i32)
                     .payload(&letters[off..off + size]);
-                loop {
-                    match producer.send(rec) {
-                        Ok(()) => break,
-                        Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), back)) => {
-                            rec = back;
-                            std::thread::sleep(Duration::from_millis(1));
-                        }
-                        Err((e, _)) => panic!("produce: {e}"),
-                    }
-                }
+                send_waiting(&producer, rec, Duration::from_millis(1));
             }
             producer.flush(Duration::from_secs(120)).expect("flush");
         }

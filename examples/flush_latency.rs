@@ -6,6 +6,8 @@
 //!
 //! cargo run --release --example flush_latency -- --bootstrap 127.0.0.1:9092 --topic t --rounds 50
 
+mod common;
+
 use std::time::{Duration, Instant};
 
 use clap::Parser;
@@ -14,12 +16,12 @@ use rdkafka::producer::{
     BaseProducer, BaseRecord, DefaultProducerContext, Producer, ThreadedProducer,
 };
 
+use common::{bridge_producer, Target};
+
 #[derive(Parser)]
 struct Args {
-    #[arg(long)]
-    bootstrap: String,
-    #[arg(long)]
-    topic: String,
+    #[command(flatten)]
+    target: Target,
     #[arg(long, default_value_t = 50)]
     rounds: u32,
     #[arg(long)]
@@ -27,12 +29,7 @@ struct Args {
 }
 
 fn config(a: &Args, id: &str) -> ClientConfig {
-    let mut c = ClientConfig::new();
-    c.set("bootstrap.servers", &a.bootstrap)
-        .set("linger.ms", "5")
-        .set("batch.size", "1000000")
-        .set("compression.type", "lz4")
-        .set("enable.idempotence", "true");
+    let mut c = bridge_producer(&a.target.bootstrap);
     if a.transactional {
         c.set(
             "transactional.id",
@@ -78,43 +75,40 @@ fn rounds<P: Producer<DefaultProducerContext>>(
 }
 
 fn record(a: &Args, v: &[u8; 4]) -> BaseRecord<'static, [u8], [u8]> {
-    let topic: &'static str = Box::leak(a.topic.clone().into_boxed_str());
+    let topic: &'static str = Box::leak(a.target.topic.clone().into_boxed_str());
     let v: &'static [u8] = Box::leak(Box::new(*v));
     BaseRecord::to(topic).partition(0).payload(v)
 }
 
+/// The rounds on a fresh `ThreadedProducer`, each ended by `wait`.
+fn threaded_rounds(
+    a: &Args,
+    id: &str,
+    wait: impl Fn(&ThreadedProducer<DefaultProducerContext>),
+) -> (f64, f64) {
+    let tp: ThreadedProducer<DefaultProducerContext> = config(a, id).create().unwrap();
+    rounds(
+        a,
+        &tp,
+        |i| {
+            tp.send(record(a, &i.to_le_bytes()))
+                .map_err(|(e, _)| e)
+                .unwrap()
+        },
+        wait,
+    )
+}
+
 fn main() {
     let a = Args::parse();
-    let tp: ThreadedProducer<DefaultProducerContext> = config(&a, "a").create().unwrap();
-    let (f, t) = rounds(
-        &a,
-        &tp,
-        |i| {
-            tp.send(record(&a, &i.to_le_bytes()))
-                .map_err(|(e, _)| e)
-                .unwrap()
-        },
-        |p| p.flush(Duration::from_secs(30)).unwrap(),
-    );
+    let (f, t) = threaded_rounds(&a, "a", |p| p.flush(Duration::from_secs(30)).unwrap());
     println!("ThreadedProducer flush():                      wait median {f:7.2} ms, round median {t:7.2} ms");
-    drop(tp);
-    let tp: ThreadedProducer<DefaultProducerContext> = config(&a, "b").create().unwrap();
-    let (f, t) = rounds(
-        &a,
-        &tp,
-        |i| {
-            tp.send(record(&a, &i.to_le_bytes()))
-                .map_err(|(e, _)| e)
-                .unwrap()
-        },
-        |p| {
-            while p.in_flight_count() > 0 {
-                std::thread::sleep(Duration::from_micros(200));
-            }
-        },
-    );
+    let (f, t) = threaded_rounds(&a, "b", |p| {
+        while p.in_flight_count() > 0 {
+            std::thread::sleep(Duration::from_micros(200));
+        }
+    });
     println!("ThreadedProducer in_flight_count()==0 loop:    wait median {f:7.2} ms, round median {t:7.2} ms");
-    drop(tp);
     let bp: BaseProducer<DefaultProducerContext> = config(&a, "c").create().unwrap();
     let (f, t) = rounds(
         &a,

@@ -8,21 +8,21 @@
 //!
 //! cargo run --release --example latency_gen -- --bootstrap 127.0.0.1:9092 --topic in --rate 50000 --size 100 --seconds 20
 
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+mod common;
+
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
 
 use clap::Parser;
 use rdkafka::config::ClientConfig;
-use rdkafka::error::{KafkaError, RDKafkaErrorCode};
-use rdkafka::producer::{BaseRecord, DeliveryResult, Producer, ProducerContext, ThreadedProducer};
-use rdkafka::ClientContext;
+use rdkafka::producer::{BaseRecord, Producer, ThreadedProducer};
+
+use common::{letters, now_us, partitions, send_waiting, Deliveries, Target};
 
 #[derive(Parser)]
 struct Args {
-    #[arg(long)]
-    bootstrap: String,
-    #[arg(long)]
-    topic: String,
+    #[command(flatten)]
+    target: Target,
     /// Records per second.
     #[arg(long)]
     rate: f64,
@@ -36,53 +36,21 @@ struct Args {
     start_us: Option<u64>,
 }
 
-#[derive(Default)]
-struct Ctx {
-    failed: AtomicU64,
-}
-impl ClientContext for Ctx {}
-impl ProducerContext for Ctx {
-    type DeliveryOpaque = ();
-    fn delivery(&self, r: &DeliveryResult<'_>, _: ()) {
-        if r.is_err() {
-            self.failed.fetch_add(1, Ordering::Relaxed);
-        }
-    }
-}
-
-fn now_us() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_micros() as u64
-}
-
 fn main() {
     let a = Args::parse();
     assert!(a.size >= 8 && a.rate > 0.0);
-    let producer: ThreadedProducer<Ctx> = ClientConfig::new()
-        .set("bootstrap.servers", &a.bootstrap)
+    let topic = &a.target.topic;
+    let producer: ThreadedProducer<Deliveries> = ClientConfig::new()
+        .set("bootstrap.servers", &a.target.bootstrap)
         .set("linger.ms", "1")
         .set("enable.idempotence", "true")
-        .create_with_context(Ctx::default())
+        .create_with_context(Deliveries::default())
         .expect("producer");
-    let md = producer
-        .client()
-        .fetch_metadata(Some(&a.topic), Duration::from_secs(10))
-        .expect("metadata");
-    let parts = md.topics()[0].partitions().len() as i32;
-    assert!(parts > 0, "topic {} has no partitions", a.topic);
+    let parts = partitions(producer.client(), topic).len() as i32;
+    assert!(parts > 0, "topic {topic} has no partitions");
 
-    // Filler: pseudo-random letters, taken at a varying offset so records differ.
-    let mut seed: u64 = 0x9e37_79b9_7f4a_7c15;
-    let filler: Vec<u8> = (0..65_536 + a.size)
-        .map(|_| {
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
-            b'A' + (seed % 26) as u8
-        })
-        .collect();
+    // Filler taken at a varying offset so records differ.
+    let filler = letters(0x9e37_79b9_7f4a_7c15, 65_536 + a.size);
     let mut value = vec![0u8; a.size];
 
     let start_us = a.start_us.unwrap_or_else(now_us);
@@ -107,19 +75,10 @@ fn main() {
             value[..8].copy_from_slice(&stamp.to_le_bytes());
             let off = (i as usize * 7919) % 65_536;
             value[8..].copy_from_slice(&filler[off..off + a.size - 8]);
-            let mut rec: BaseRecord<'_, [u8], [u8], ()> = BaseRecord::to(&a.topic)
+            let rec: BaseRecord<'_, [u8], [u8], ()> = BaseRecord::to(topic)
                 .partition((i % parts as u64) as i32)
                 .payload(&value);
-            loop {
-                match producer.send(rec) {
-                    Ok(()) => break,
-                    Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), back)) => {
-                        rec = back;
-                        std::thread::sleep(Duration::from_micros(500));
-                    }
-                    Err((e, _)) => panic!("produce: {e}"),
-                }
-            }
+            send_waiting(&producer, rec, Duration::from_micros(500));
             i += 1;
         }
         // Sleep until the next record is due (at most 1 ms, so bursts stay small).

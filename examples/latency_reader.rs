@@ -8,21 +8,22 @@
 //! cargo run --release --example latency_reader -- --bootstrap 127.0.0.1:9092 --topic out \
 //!     --from-us … --to-us … --until-us …
 
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+mod common;
+
+use std::time::Duration;
 
 use clap::Parser;
 use hdrhistogram::Histogram;
-use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::Message;
 use rdkafka::{Offset, TopicPartitionList};
 
+use common::{now_us, partitions, read_committed_consumer, Target};
+
 #[derive(Parser)]
 struct Args {
-    #[arg(long)]
-    bootstrap: String,
-    #[arg(long)]
-    topic: String,
+    #[command(flatten)]
+    target: Target,
     #[arg(long)]
     from_us: u64,
     #[arg(long)]
@@ -34,32 +35,18 @@ struct Args {
     fetch_wait_ms: String,
 }
 
-fn now_us() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_micros() as u64
-}
-
 fn main() {
     let a = Args::parse();
-    let consumer: BaseConsumer = ClientConfig::new()
-        .set("bootstrap.servers", &a.bootstrap)
-        .set("group.id", "bench-latency-reader")
-        .set("enable.auto.commit", "false")
-        .set("isolation.level", "read_committed")
-        .set("fetch.wait.max.ms", &a.fetch_wait_ms)
-        .set("auto.offset.reset", "earliest")
-        .create()
-        .expect("consumer");
-    let md = consumer
-        .fetch_metadata(Some(&a.topic), Duration::from_secs(10))
-        .expect("metadata");
+    let topic = &a.target.topic;
+    let consumer: BaseConsumer =
+        read_committed_consumer(&a.target.bootstrap, "bench-latency-reader")
+            .set("fetch.wait.max.ms", &a.fetch_wait_ms)
+            .create()
+            .expect("consumer");
     let mut tpl = TopicPartitionList::new();
-    for p in md.topics()[0].partitions() {
+    for p in partitions(consumer.client(), topic) {
         // The generator starts after us; what is already there (nothing, for a fresh topic) is skipped.
-        tpl.add_partition_offset(&a.topic, p.id(), Offset::End)
-            .unwrap();
+        tpl.add_partition_offset(topic, p, Offset::End).unwrap();
     }
     consumer.assign(&tpl).expect("assign");
     println!("READY {}", now_us() / 1000);

@@ -14,19 +14,24 @@
 //!
 //! cargo run --release --example raw_copy -- --bootstrap 127.0.0.1:9092 --input in --output out --until-end
 
+mod common;
+
 use std::collections::HashMap;
 use std::io::Write;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use clap::Parser;
-use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
-use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::Message;
-use rdkafka::producer::{BaseRecord, DeliveryResult, Producer, ProducerContext, ThreadedProducer};
-use rdkafka::{ClientContext, Offset, TopicPartitionList};
+use rdkafka::producer::{BaseRecord, Producer, ThreadedProducer};
+use rdkafka::{Offset, TopicPartitionList};
+
+use common::{
+    bridge_producer, now_ms, partitions, read_committed_consumer, send_waiting, wait_acked,
+    Deliveries,
+};
 
 #[derive(Parser)]
 struct Args {
@@ -48,67 +53,18 @@ struct Args {
     until_end: bool,
 }
 
-#[derive(Default)]
-struct Ctx {
-    acked: AtomicU64,
-    failed: AtomicU64,
-}
-
-impl ClientContext for Ctx {}
-
-impl ProducerContext for Ctx {
-    type DeliveryOpaque = ();
-    fn delivery(&self, r: &DeliveryResult<'_>, _: ()) {
-        match r {
-            Ok(_) => self.acked.fetch_add(1, Ordering::Relaxed),
-            Err(_) => self.failed.fetch_add(1, Ordering::Relaxed),
-        };
-    }
-}
-
-/// Waits until every record sent is acknowledged. Not `Producer::flush`: rdkafka's flush polls the
-/// producer's queue in 100 ms slices, and with a `ThreadedProducer` its own thread takes the
-/// delivery events, so each flush sleeps a whole slice (see examples/flush_latency.rs).
-fn wait_acked(producer: &ThreadedProducer<Ctx>) {
-    let end = Instant::now() + Duration::from_secs(60);
-    while producer.in_flight_count() > 0 {
-        assert!(Instant::now() < end, "records not acknowledged within 60 s");
-        std::thread::sleep(Duration::from_micros(200));
-    }
-}
-
-fn now_ms() -> u128 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_millis()
-}
-
 fn main() {
     let a = Args::parse();
-    let consumer: BaseConsumer = ClientConfig::new()
-        .set("bootstrap.servers", &a.bootstrap)
-        .set("group.id", &a.group)
-        .set("enable.auto.commit", "false")
+    let consumer: BaseConsumer = read_committed_consumer(&a.bootstrap, &a.group)
         .set("enable.auto.offset.store", "false")
-        .set("isolation.level", "read_committed")
-        .set("auto.offset.reset", "earliest")
         .create()
         .expect("consumer");
-    let producer: ThreadedProducer<Ctx> = ClientConfig::new()
-        .set("bootstrap.servers", &a.bootstrap)
-        .set("linger.ms", "5")
-        .set("batch.size", "1000000")
-        .set("compression.type", "lz4")
-        .set("enable.idempotence", "true")
-        .create_with_context(Ctx::default())
+    let producer: ThreadedProducer<Deliveries> = bridge_producer(&a.bootstrap)
+        .create_with_context(Deliveries::default())
         .expect("producer");
-    let ctx: Arc<Ctx> = producer.context().clone();
+    let ctx: Arc<Deliveries> = producer.context().clone();
 
-    let md = consumer
-        .fetch_metadata(Some(&a.input), Duration::from_secs(10))
-        .expect("metadata");
-    let parts: Vec<i32> = md.topics()[0].partitions().iter().map(|p| p.id()).collect();
+    let parts = partitions(consumer.client(), &a.input);
     assert!(
         !parts.is_empty(),
         "input topic {} has no partitions",
@@ -199,16 +155,7 @@ fn main() {
         if let Some(ts) = msg.timestamp().to_millis() {
             rec = rec.timestamp(ts);
         }
-        loop {
-            match producer.send(rec) {
-                Ok(()) => break,
-                Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), back)) => {
-                    rec = back;
-                    std::thread::sleep(Duration::from_millis(1));
-                }
-                Err((e, _)) => panic!("produce: {e}"),
-            }
-        }
+        send_waiting(&producer, rec, Duration::from_millis(1));
         next.insert(p, msg.offset() + 1);
         if a.until_end && msg.offset() < target[&p] {
             copied += 1;

@@ -14,6 +14,7 @@ use rdkafka::config::ClientConfig;
 use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
 
 use common::bridge::*;
+use common::scenario::*;
 use common::*;
 
 const PARTITIONS: i32 = 2;
@@ -85,42 +86,26 @@ fn source_without_poison(source: &BTreeMap<i32, Vec<String>>) -> BTreeMap<i32, V
     expected
 }
 
-fn transactional_id(spec: &BridgeSpec) -> String {
-    format!("eos-bridge-{}-{}", spec.id, spec.instance)
+/// A scenario whose sink topic takes no record above SINK_LIMIT, with the input written.
+fn behind_a_backlog(name: &str) -> (Scenario, String) {
+    let s = Scenario::new(name, PARTITIONS as u32);
+    let limit = format!("max.message.bytes={SINK_LIMIT}");
+    create_topic_with(&s.sink, &s.output, PARTITIONS as u32, &[&limit]);
+    let poison = fill_input(&s.source, &s.input);
+    (s, poison)
 }
 
 #[test]
 fn a_bad_record_behind_a_backlog_stops_the_bridge_naming_it() {
     let _serial = serial();
-    let b = bootstrap();
-    let input = unique("bad-stop-in");
-    let output = unique("bad-stop-out");
-    create_topic(b, &input, PARTITIONS as u32);
-    create_topic_with(
-        b,
-        &output,
-        PARTITIONS as u32,
-        &[&format!("max.message.bytes={SINK_LIMIT}")],
-    );
-    fill_input(b, &input);
-
-    let spec = BridgeSpec::new(&input, &output);
-    let txn_id = transactional_id(&spec);
-    let home = BridgeHome::new(spec);
+    let (mut s, _) = behind_a_backlog("bad-stop");
     let started = Instant::now();
-    let mut bridge = home.start(&[]);
-    let status = bridge
-        .wait_exit(Duration::from_secs(90))
-        .unwrap_or_else(|| {
-            panic!(
-                "the bridge did not stop within 90 s:\n{}",
-                tail(&bridge.log_text(), 30)
-            )
-        });
+    s.start(&[]);
+    let status = s.wait_exit(Duration::from_secs(90));
     let took = started.elapsed();
-    assert_eq!(status.code(), Some(1), "{}", tail(&bridge.log_text(), 20));
-    let log = bridge.log_text();
-    let named = format!("{input}/0@{POISON_OFFSET}");
+    let log = s.log();
+    assert_eq!(status.code(), Some(1), "{}", tail(&log, 20));
+    let named = format!("{}/0@{POISON_OFFSET}", s.input);
     let last = log
         .lines()
         .rev()
@@ -148,15 +133,14 @@ fn a_bad_record_behind_a_backlog_stops_the_bridge_naming_it() {
     }
     // Aborted before the exit, not left open for the coordinator's timeout (30 s here): an abort
     // that bumps the producer epoch ends in Empty, a plain one in CompleteAbort.
-    let state = transaction_state(b, &txn_id);
+    let state = transaction_state(&s.sink, &s.transactional_id());
     assert!(
         matches!(state.as_deref(), Some("CompleteAbort" | "Empty")),
         "the open transaction is aborted before the bridge exits, found {state:?}"
     );
 
-    let source = by_partition(&console_consume(b, &input, true, Duration::from_secs(5)));
-    let expected = source_without_poison(&source);
-    let sink = by_partition(&console_consume(b, &output, true, Duration::from_secs(5)));
+    let expected = source_without_poison(&s.input_records());
+    let sink = s.output_records();
     let mut visible = 0;
     for (p, want) in &expected {
         let got = sink.get(p).cloned().unwrap_or_default();
@@ -180,46 +164,31 @@ fn a_bad_record_behind_a_backlog_stops_the_bridge_naming_it() {
 #[test]
 fn a_bad_record_behind_a_backlog_is_dead_lettered_exactly_once() {
     let _serial = serial();
-    let b = bootstrap();
-    let input = unique("bad-dlq-in");
-    let output = unique("bad-dlq-out");
+    let (mut s, poison) = behind_a_backlog("bad-dlq");
+    let input = s.input.clone();
     let dlq = format!("{input}.dlq");
-    create_topic(b, &input, PARTITIONS as u32);
-    create_topic_with(
-        b,
-        &output,
-        PARTITIONS as u32,
-        &[&format!("max.message.bytes={SINK_LIMIT}")],
-    );
-    let poison = fill_input(b, &input);
-
-    let spec = BridgeSpec::new(&input, &output);
-    let home = BridgeHome::new(spec);
     let started = Instant::now();
-    let mut bridge = home.start_dead_letter();
-    let total = end_offsets_total(b, &input);
-    bridge.wait_committed(total, Duration::from_secs(90));
+    s.run(&[StartWith(&DEAD_LETTER), CommittedWithin(90)]);
     let took = started.elapsed();
     assert_eq!(
-        bridge.metric(&format!(
+        s.bridge().metric(&format!(
             "eos_bridge_records_dead_lettered_total{{topic=\"{input}\"}}"
         )),
         Some(1.0)
     );
-    assert!(bridge.stop_gracefully(Duration::from_secs(30)).success());
-    let log = bridge.log_text();
+    s.stop();
+    let log = s.log();
     assert!(
         log.contains(&format!("{input}/0@{POISON_OFFSET}")),
         "the log names the dead-lettered record:\n{}",
         tail(&log, 20)
     );
 
-    let source = by_partition(&console_consume(b, &input, true, Duration::from_secs(5)));
-    let expected = source_without_poison(&source);
-    let sink = by_partition(&console_consume(b, &output, true, Duration::from_secs(5)));
+    let expected = source_without_poison(&s.input_records());
+    let sink = s.output_records();
     assert_same_sequences(&expected, &sink);
 
-    let dead = dead_letters(b, &dlq);
+    let dead = dead_letters(&s.sink, &dlq);
     assert_eq!(dead.len(), 1, "exactly one dead letter, read_committed");
     let line = &dead[0];
     for header in [
@@ -251,44 +220,17 @@ fn a_bad_record_behind_a_backlog_is_dead_lettered_exactly_once() {
 /// The dead-letter topic's records, read_committed, each as the console consumer prints it with
 /// its headers.
 fn dead_letters(bootstrap: &str, topic: &str) -> Vec<String> {
-    let out = kafka_tool(
-        "ConsoleConsumer",
-        &[
-            "--bootstrap-server",
-            bootstrap,
-            "--topic",
-            topic,
-            "--from-beginning",
-            "--isolation-level",
-            "read_committed",
-            "--timeout-ms",
-            "5000",
-            "--property",
-            "print.partition=true",
-            "--property",
-            "print.headers=true",
-            "--property",
-            "key.separator=|",
-        ],
-    );
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .filter(|l| l.starts_with("Partition:"))
-        .map(str::to_string)
-        .collect()
+    let properties = [
+        "print.partition=true",
+        "print.headers=true",
+        "key.separator=|",
+    ];
+    console_lines(bootstrap, topic, Duration::from_secs(5), &properties)
 }
 
-trait DeadLetterStart {
-    fn start_dead_letter(&self) -> Bridge;
-}
-
-impl DeadLetterStart for BridgeHome {
-    /// The bridge with `on_bad_record = "dead-letter"`, set through the environment so that the
-    /// rendered file keeps its one [sink] table.
-    fn start_dead_letter(&self) -> Bridge {
-        self.start(&[("EOS_BRIDGE__SINK__ON_BAD_RECORD", "dead-letter")])
-    }
-}
+/// `on_bad_record = "dead-letter"`, set through the environment so that the rendered file keeps
+/// its one [sink] table.
+const DEAD_LETTER: [(&str, &str); 1] = [("EOS_BRIDGE__SINK__ON_BAD_RECORD", "dead-letter")];
 
 /// At-most-once checkpoints an epoch before writing its records. A send that fails part-way (here
 /// a record larger than the producer's message.max.bytes, refused on the spot) must never lead to
@@ -297,12 +239,13 @@ impl DeadLetterStart for BridgeHome {
 #[test]
 fn at_most_once_never_writes_a_record_twice_after_a_send_error() {
     let _serial = serial();
-    let b = bootstrap();
-    let input = unique("amo-bad-in");
-    let output = unique("amo-bad-out");
-    create_topic(b, &input, 1);
+    let mut s = Scenario::new("amo-bad", 1).with(|spec| {
+        spec.delivery = "at-most-once";
+        spec.extra = "[sink.kafka]\n\"message.max.bytes\" = \"10000\"\n".to_string();
+    });
+    let input = s.input.clone();
     let producer: ThreadedProducer<DefaultProducerContext> = ClientConfig::new()
-        .set("bootstrap.servers", b)
+        .set("bootstrap.servers", &s.source)
         .create()
         .unwrap();
     let big: String = poison_value()[..20_000].to_string();
@@ -325,27 +268,19 @@ fn at_most_once_never_writes_a_record_twice_after_a_send_error() {
     }
     producer.flush(Duration::from_secs(30)).unwrap();
 
-    let mut spec = BridgeSpec::new(&input, &output);
-    spec.delivery = "at-most-once";
-    spec.extra = "[sink.kafka]\n\"message.max.bytes\" = \"10000\"\n".to_string();
-    let home = BridgeHome::new(spec);
-    let mut bridge = home.start(&[]);
-    let status = bridge
-        .wait_exit(Duration::from_secs(60))
-        .unwrap_or_else(|| panic!("the bridge kept going:\n{}", tail(&bridge.log_text(), 30)));
-    assert_eq!(status.code(), Some(1), "{}", tail(&bridge.log_text(), 20));
-    let log = bridge.log_text();
+    s.start(&[]);
+    let status = s.wait_exit(Duration::from_secs(60));
+    let log = s.log();
+    assert_eq!(status.code(), Some(1), "{}", tail(&log, 20));
 
     // A restart continues after the checkpointed epoch, and bridges what comes next once.
     for i in 20..30 {
         send(&format!("small-{i}"));
     }
     producer.flush(Duration::from_secs(30)).unwrap();
-    let mut bridge = home.start(&[]);
-    bridge.wait_committed(30, Duration::from_secs(60));
-    assert!(bridge.stop_gracefully(Duration::from_secs(30)).success());
+    s.run(&[Start, CommittedTo(30), Stop]);
 
-    let sink = console_consume(b, &output, true, Duration::from_secs(4));
+    let sink = console_consume(&s.sink, &s.output, true, Duration::from_secs(4));
     let mut seen = std::collections::HashMap::new();
     for r in &sink {
         *seen.entry(r.value.as_str()).or_insert(0) += 1;

@@ -8,9 +8,8 @@ use std::os::unix::process::ExitStatusExt;
 
 use std::time::{Duration, Instant};
 
-use rand::Rng;
-
 use common::bridge::*;
+use common::scenario::*;
 use common::*;
 
 #[cfg(feature = "failpoints")]
@@ -37,71 +36,43 @@ fn reports_outcome(log: &str, outcome: &str) -> bool {
 #[test]
 fn a_crash_at_each_protocol_step_loses_nothing_and_duplicates_nothing() {
     let _serial = serial();
-    let b = bootstrap();
-    let input = unique("fp-in");
-    let output = unique("fp-out");
-    create_topic(b, &input, 2);
-    let home = BridgeHome::new(BridgeSpec::new(&input, &output));
+    let mut s = Scenario::new("fp", 2);
 
     for (i, (step, outcome)) in STEPS.iter().enumerate() {
         // A clean run first, so that there is committed state to come back to.
-        assert!(verifiable_produce(b, &input, 300, -1, Some(2 * i as u32))
-            .status
-            .success());
-        let total = end_offsets_total(b, &input);
-        let mut bridge = home.start(&[]);
-        bridge.wait_committed(total, Duration::from_secs(60));
-        assert!(bridge.stop_gracefully(Duration::from_secs(30)).success());
+        let prefix = 2 * i as u32;
+        s.run(&[Produce(300, prefix), Start, Committed, Stop]);
 
         // Then a crash at the step, with a fresh batch in flight.
-        assert!(
-            verifiable_produce(b, &input, 300, -1, Some(2 * i as u32 + 1))
-                .status
-                .success()
-        );
-        let mut bridge = home.start(&[("EOS_BRIDGE_FAILPOINT", step)]);
-        let status = bridge
-            .wait_exit(Duration::from_secs(60))
-            .unwrap_or_else(|| {
-                panic!(
-                    "failpoint {step} was never reached:\n{}",
-                    tail(&bridge.log_text(), 30)
-                )
-            });
+        s.produce(300, prefix + 1);
+        s.start(&[("EOS_BRIDGE_FAILPOINT", step)]);
+        let status = s.wait_exit(Duration::from_secs(60));
+        let log = s.log();
         assert_eq!(
             status.signal(),
             Some(libc::SIGKILL),
             "the bridge must die at failpoint {step}, it exited with {status}:\n{}",
-            tail(&bridge.log_text(), 30)
+            tail(&log, 30)
         );
-        assert!(bridge
-            .log_text()
-            .contains(&format!("failpoint '{step}' reached")));
+        assert!(log.contains(&format!("failpoint '{step}' reached")));
 
         // The next start reports the outcome the protocol predicts, and finishes the work.
-        let total = end_offsets_total(b, &input);
-        let mut bridge = home.start(&[]);
-        bridge.wait_committed(total, Duration::from_secs(60));
-        let log = bridge.log_text();
+        s.run(&[Start, Committed]);
+        let log = s.log();
         assert!(
             reports_outcome(&log, outcome),
             "after a crash at {step}, recovery should report {outcome}:\n{}",
             tail(&log, 30)
         );
-        assert!(bridge.stop_gracefully(Duration::from_secs(30)).success());
+        s.stop();
     }
-    let total = end_offsets_total(b, &input);
-    let n = assert_exactly_once(b, &input, b, &output);
-    assert_eq!(n as i64, total);
+    s.judge();
 }
 
 #[test]
 fn kill_9_at_random_instants_under_load() {
     let _serial = serial();
-    let b = bootstrap();
-    let input = unique("chaos-in");
-    let output = unique("chaos-out");
-    create_topic(b, &input, 4);
+    let mut s = Scenario::new("chaos", 4);
     let records: u64 = std::env::var("EOS_BRIDGE_CHAOS_RECORDS")
         .ok()
         .and_then(|v| v.parse().ok())
@@ -114,35 +85,25 @@ fn kill_9_at_random_instants_under_load() {
 
     // Input keeps arriving during the kills.
     let rate = (records / 30).max(1000);
-    let mut producer = background_producer(b, &input, records, rate, 1);
-
-    let home = BridgeHome::new(BridgeSpec::new(&input, &output));
-    let mut rng = rand::rng();
+    let mut producer = s.produce_in_background(records, rate, 1);
 
     // The first run creates the sink topic; then a second read_committed reader follows the sink
     // through all the chaos.
-    let mut bridge = home.start(&[]);
-    bridge.wait_checkpoint(1, Duration::from_secs(60));
-    let reader_out = home.dir.path().join("live-reader.txt");
-    let mut reader = spawn_console_consumer(b, &output, Duration::from_secs(20), &reader_out);
+    s.run(&[Start, WaitCheckpoint(1)]);
+    let reader_out = s.home.dir.path().join("live-reader.txt");
+    let mut reader =
+        spawn_console_consumer(&s.sink, &s.output, Duration::from_secs(20), &reader_out);
 
-    let mut killed = 0;
-    while killed < kills {
-        std::thread::sleep(Duration::from_millis(rng.random_range(200..2500)));
-        bridge.kill9();
-        killed += 1;
-        bridge = home.start(&[]);
+    for _ in 0..kills {
+        s.run(&[Jitter(200, 2500), Kill9, Start]);
     }
     let producer_status = producer.wait().unwrap();
     assert!(producer_status.success(), "the input producer failed");
-    let total = end_offsets_total(b, &input);
-    assert_eq!(total as u64, records);
-    bridge.wait_committed(total, Duration::from_secs(180));
-    assert!(bridge.stop_gracefully(Duration::from_secs(30)).success());
+    assert_eq!(s.input_total() as u64, records);
+    s.run(&[CommittedWithin(180), Stop]);
     let chaos_secs = started.elapsed().as_secs_f64();
 
-    let n = assert_exactly_once(b, &input, b, &output);
-    assert_eq!(n as u64, records);
+    assert_eq!(s.judge() as u64, records);
 
     // The reader that ran through the chaos saw nothing twice, and in the end everything.
     let reader_done = wait_until(Duration::from_secs(90), || {
@@ -165,5 +126,5 @@ fn kill_9_at_random_instants_under_load() {
         records,
         "the live reader saw every record once"
     );
-    eprintln!("chaos: {records} records, {killed} kills, {chaos_secs:.1}s until all committed");
+    eprintln!("chaos: {records} records, {kills} kills, {chaos_secs:.1}s until all committed");
 }

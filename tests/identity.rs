@@ -9,6 +9,7 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use common::bridge::*;
+use common::scenario::*;
 use common::*;
 
 /// The topic id Kafka's TopicCommand prints for `topic`.
@@ -80,15 +81,6 @@ fn the_ids_read_are_the_ones_kafka_prints() {
     assert!(each < Duration::from_millis(200), "{each:?} per request");
 }
 
-fn produce_ok(bootstrap: &str, topic: &str, count: u64, prefix: u32) {
-    let out = verifiable_produce(bootstrap, topic, count, -1, Some(prefix));
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
 fn delete_topic(bootstrap: &str, topic: &str) {
     let out = kafka_tool(
         "TopicCommand",
@@ -129,13 +121,21 @@ fn concat(
     all
 }
 
-fn read(bootstrap: &str, topic: &str) -> BTreeMap<i32, Vec<String>> {
-    by_partition(&console_consume(
-        bootstrap,
-        topic,
-        true,
-        Duration::from_secs(4),
-    ))
+/// Deletes the input topic and creates it again, empty, under the same name.
+fn recreate_input(s: &Scenario, partitions: u32) {
+    delete_topic(&s.source, &s.input);
+    create_again(&s.source, &s.input, partitions);
+}
+
+/// Checks that the bridge counted one change of a source topic's id, stops it, returns its log.
+fn stop_after_one_topic_change(s: &mut Scenario) -> String {
+    assert_eq!(
+        s.bridge()
+            .metric("eos_bridge_identity_changes_total{kind=\"source_topic\"}"),
+        Some(1.0)
+    );
+    s.stop();
+    s.log()
 }
 
 /// Waits for a bridge that must stop on its own, and returns its log; panics if it keeps running
@@ -152,27 +152,20 @@ fn expect_exit_1(bridge: &mut Bridge) -> String {
 #[test]
 fn a_recreated_source_topic_stops_the_bridge_or_is_bridged_again_under_restart() {
     let _serial = serial();
-    let b = bootstrap();
-    let input = unique("recreated-in");
-    let output = unique("recreated-out");
-    create_topic(b, &input, 4);
-    produce_ok(b, &input, 10_000, 1);
-    let old_records = read(b, &input);
-    let home = BridgeHome::new(BridgeSpec::new(&input, &output));
-    let mut bridge = home.start(&[]);
-    bridge.wait_committed(10_000, Duration::from_secs(60));
-    assert!(bridge.stop_gracefully(Duration::from_secs(30)).success());
+    let mut s = Scenario::new("recreated", 4);
+    let (b, input) = (bootstrap(), s.input.clone());
+    s.produce(10_000, 1);
+    let old_records = s.input_records();
+    s.run(&[Start, CommittedTo(10_000), Stop]);
 
     let old_id = kafka_topic_id(b, &input).expect("topic id");
-    delete_topic(b, &input);
-    create_again(b, &input, 4);
-    produce_ok(b, &input, 8_000, 2);
+    recreate_input(&s, 4);
+    s.produce(8_000, 2);
     let new_id = kafka_topic_id(b, &input).expect("topic id");
     assert_ne!(old_id, new_id, "a topic created again has a new id");
 
     // Default policy: stop, naming the topic and both ids; nothing of the new topic is bridged.
-    let mut bridge = home.start(&[]);
-    let log = expect_exit_1(&mut bridge);
+    let log = expect_exit_1(s.start(&[]));
     for needle in [
         format!("source topic \"{input}\""),
         old_id.clone(),
@@ -185,26 +178,23 @@ fn a_recreated_source_topic_stops_the_bridge_or_is_bridged_again_under_restart()
             tail(&log, 20)
         );
     }
-    assert_same_sequences(&old_records, &read(b, &output));
+    assert_same_sequences(&old_records, &s.output_records());
 
     // restart: the 8,000 new records are bridged once each, after the 10,000 old ones.
-    let new_records = read(b, &input);
+    let new_records = s.input_records();
     assert_eq!(new_records.values().map(Vec::len).sum::<usize>(), 8_000);
-    let mut bridge = home.start(&[("EOS_BRIDGE__BRIDGE__ON_IDENTITY_CHANGE", "restart")]);
-    bridge.wait_committed(8_000, Duration::from_secs(60));
-    assert_eq!(
-        bridge.metric("eos_bridge_identity_changes_total{kind=\"source_topic\"}"),
-        Some(1.0)
-    );
-    assert!(bridge.stop_gracefully(Duration::from_secs(30)).success());
-    let log = bridge.log_text();
+    s.run(&[
+        StartWith(&[("EOS_BRIDGE__BRIDGE__ON_IDENTITY_CHANGE", "restart")]),
+        CommittedTo(8_000),
+    ]);
+    let log = stop_after_one_topic_change(&mut s);
     assert!(
         log.lines()
             .any(|l| l.contains("ERROR") && l.contains(&new_id) && l.contains("restart")),
         "no error line names the change:\n{}",
         tail(&log, 20)
     );
-    assert_same_sequences(&concat(&old_records, &new_records), &read(b, &output));
+    assert_same_sequences(&concat(&old_records, &new_records), &s.output_records());
 }
 
 #[test]
@@ -212,68 +202,53 @@ fn a_rebuilt_source_cluster_stops_the_bridge() {
     let _serial = serial();
     let source = Broker::start_private("rebuilt");
     let sink = bootstrap();
-    let input = unique("rebuilt-in");
-    let output = unique("rebuilt-out");
-    create_topic(&source.bootstrap, &input, 2);
-    produce_ok(&source.bootstrap, &input, 3_000, 1);
-    let old_records = read(&source.bootstrap, &input);
-    let mut spec = BridgeSpec::new(&input, &output);
-    spec.source_bootstrap = source.bootstrap.clone();
-    let home = BridgeHome::new(spec);
-    let mut bridge = home.start(&[]);
-    bridge.wait_committed(3_000, Duration::from_secs(60));
-    assert!(bridge.stop_gracefully(Duration::from_secs(30)).success());
+    let mut s = Scenario::between(&source.bootstrap, sink, "rebuilt", 2);
+    s.produce(3_000, 1);
+    let old_records = s.input_records();
+    s.run(&[Start, CommittedTo(3_000), Stop]);
 
     let old_cluster = kafka_cluster_id(&source.bootstrap);
     source.rebuild();
     let new_cluster = kafka_cluster_id(&source.bootstrap);
     assert_ne!(old_cluster, new_cluster);
-    create_topic(&source.bootstrap, &input, 2);
-    produce_ok(&source.bootstrap, &input, 2_000, 2);
+    create_topic(&source.bootstrap, &s.input, 2);
+    s.produce(2_000, 2);
 
-    let mut bridge = home.start(&[]);
-    let log = expect_exit_1(&mut bridge);
+    let log = expect_exit_1(s.start(&[]));
     let needle = format!("source cluster id changed from \"{old_cluster}\" to \"{new_cluster}\"");
     assert!(
         log.contains(&needle),
         "{needle:?} missing:\n{}",
         tail(&log, 20)
     );
-    assert_same_sequences(&old_records, &read(sink, &output));
+    assert_same_sequences(&old_records, &s.output_records());
     source.stop();
 }
 
 #[test]
 fn a_topic_recreated_while_running_is_bridged_again_under_restart() {
     let _serial = serial();
-    let b = bootstrap();
-    let input = unique("live-in");
-    let output = unique("live-out");
-    create_topic(b, &input, 2);
-    produce_ok(b, &input, 3_000, 1);
-    let old_records = read(b, &input);
-    let home = BridgeHome::new(BridgeSpec::new(&input, &output));
+    let mut s = Scenario::new("live", 2);
+    let input = s.input.clone();
+    s.produce(3_000, 1);
+    let old_records = s.input_records();
     // A pattern, so that the moment the topic does not exist is no error of its own.
-    let mut bridge = home.start(&[
-        ("EOS_BRIDGE__SOURCE__TOPICS", ""),
-        ("EOS_BRIDGE__SOURCE__TOPIC_PATTERN", input.as_str()),
-        ("EOS_BRIDGE__BRIDGE__ON_IDENTITY_CHANGE", "restart"),
+    s.run(&[
+        StartWith(&[
+            ("EOS_BRIDGE__SOURCE__TOPICS", ""),
+            ("EOS_BRIDGE__SOURCE__TOPIC_PATTERN", input.as_str()),
+            ("EOS_BRIDGE__BRIDGE__ON_IDENTITY_CHANGE", "restart"),
+        ]),
+        CommittedTo(3_000),
     ]);
-    bridge.wait_committed(3_000, Duration::from_secs(60));
 
-    delete_topic(b, &input);
-    create_again(b, &input, 2);
+    recreate_input(&s, 2);
     // More records than before: the old positions fall inside the new topic's offsets, where
     // librdkafka would go on reading.
-    produce_ok(b, &input, 4_000, 2);
-    let new_records = read(b, &input);
-    bridge.wait_committed(4_000, Duration::from_secs(60));
-    assert_eq!(
-        bridge.metric("eos_bridge_identity_changes_total{kind=\"source_topic\"}"),
-        Some(1.0)
-    );
-    assert!(bridge.stop_gracefully(Duration::from_secs(30)).success());
-    let log = bridge.log_text();
+    s.produce(4_000, 2);
+    let new_records = s.input_records();
+    s.run(&[CommittedTo(4_000)]);
+    let log = stop_after_one_topic_change(&mut s);
     let changed: Vec<&str> = log
         .lines()
         .filter(|l| l.contains("ERROR") && l.contains("has a new topic id"))
@@ -285,24 +260,15 @@ fn a_topic_recreated_while_running_is_bridged_again_under_restart() {
         tail(&log, 30)
     );
     eprintln!("{}", changed[0]);
-    assert_same_sequences(&concat(&old_records, &new_records), &read(b, &output));
+    assert_same_sequences(&concat(&old_records, &new_records), &s.output_records());
 }
 
 #[test]
 fn a_rebuilt_sink_cluster_stops_the_bridge() {
     let _serial = serial();
-    let source = bootstrap();
     let sink = Broker::start_private("rebuilt-sink");
-    let input = unique("sinkgone-in");
-    let output = unique("sinkgone-out");
-    create_topic(source, &input, 2);
-    produce_ok(source, &input, 2_000, 1);
-    let mut spec = BridgeSpec::new(&input, &output);
-    spec.sink_bootstrap = sink.bootstrap.clone();
-    let home = BridgeHome::new(spec);
-    let mut bridge = home.start(&[]);
-    bridge.wait_committed(2_000, Duration::from_secs(60));
-    assert!(bridge.stop_gracefully(Duration::from_secs(30)).success());
+    let mut s = Scenario::between(bootstrap(), &sink.bootstrap, "sinkgone", 2);
+    s.run(&[Produce(2_000, 1), Start, CommittedTo(2_000), Stop]);
 
     // The output and the commit markers go with the old cluster; the state directory remains.
     let old_cluster = kafka_cluster_id(&sink.bootstrap);
@@ -310,8 +276,7 @@ fn a_rebuilt_sink_cluster_stops_the_bridge() {
     let new_cluster = kafka_cluster_id(&sink.bootstrap);
     assert_ne!(old_cluster, new_cluster);
 
-    let mut bridge = home.start(&[]);
-    let log = expect_exit_1(&mut bridge);
+    let log = expect_exit_1(s.start(&[]));
     let needle = format!("sink cluster id changed from \"{old_cluster}\" to \"{new_cluster}\"");
     assert!(
         log.contains(&needle),
@@ -319,6 +284,6 @@ fn a_rebuilt_sink_cluster_stops_the_bridge() {
         tail(&log, 20)
     );
     // Not even an aborted transaction's records: the new cluster's output topic is untouched.
-    assert_eq!(end_offsets_total(&sink.bootstrap, &output), 0);
+    assert_eq!(end_offsets_total(&sink.bootstrap, &s.output), 0);
     sink.stop();
 }

@@ -7,11 +7,11 @@ mod common;
 
 use std::time::Duration;
 
-use rand::Rng;
 use rdkafka::config::ClientConfig;
 use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
 
 use common::bridge::*;
+use common::scenario::*;
 use common::*;
 
 /// A transactional producer of someone else that writes one record to `topic`/`partition` and
@@ -44,33 +44,18 @@ fn open_foreign_transaction(
 #[test]
 fn an_open_foreign_transaction_on_the_marker_partition_is_waited_out() {
     let _serial = serial();
-    let b = bootstrap();
-    let input = unique("mi-in");
-    let output = unique("mi-out");
-    create_topic(b, &input, 2);
-    let mut spec = BridgeSpec::new(&input, &output);
-    spec.marker_topic = String::new();
-    let marker_topic = format!("__eos_bridge_markers.{}", spec.id);
-    let home = BridgeHome::new(spec);
-
-    assert!(verifiable_produce(b, &input, 2000, -1, Some(0))
-        .status
-        .success());
-    let mut bridge = home.start(&[]);
-    bridge.wait_committed(2000, Duration::from_secs(60));
+    let mut s = Scenario::new("mi", 2).with(|spec| spec.marker_topic = String::new());
+    let marker_topic = format!("__eos_bridge_markers.{}", s.home.spec.id);
+    s.run(&[Produce(2000, 0), Start, CommittedTo(2000)]);
 
     // A foreign transaction opens on the marker partition, then the bridge commits more markers
     // behind it: a read_committed reader stops at the foreign record and cannot see them.
-    let foreign = open_foreign_transaction(b, &marker_topic, 0);
-    assert!(verifiable_produce(b, &input, 2000, -1, Some(1))
-        .status
-        .success());
-    bridge.wait_committed(4000, Duration::from_secs(60));
+    let foreign = open_foreign_transaction(&s.sink, &marker_topic, 0);
+    s.run(&[Produce(2000, 1), CommittedTo(4000)]);
 
     // Crash with the state directory lost: only the marker says what was committed.
-    bridge.kill9();
-    std::fs::remove_dir_all(home.state_dir()).unwrap();
-    let mut bridge = home.start(&[]);
+    s.run(&[Kill9, WipeState, Start]);
+    let bridge = s.bridge();
     let waiting = wait_until(Duration::from_secs(60), || {
         bridge
             .status()
@@ -92,41 +77,27 @@ fn an_open_foreign_transaction_on_the_marker_partition_is_waited_out() {
     );
 
     foreign.abort_transaction(Duration::from_secs(30)).unwrap();
-    assert!(verifiable_produce(b, &input, 1000, -1, Some(2))
-        .status
-        .success());
+    s.produce(1000, 2);
+    let bridge = s.bridge();
     bridge.wait_committed(5000, Duration::from_secs(90));
     let waited = bridge
         .metric("eos_bridge_marker_wait_seconds_total")
         .unwrap();
     assert!(waited > 0.0, "the wait is counted: {waited}");
-    assert!(bridge.stop_gracefully(Duration::from_secs(30)).success());
-
-    let n = assert_exactly_once(b, &input, b, &output);
-    assert_eq!(n, 5000);
+    s.stop();
+    assert_eq!(s.judge(), 5000);
     eprintln!("marker wait: {waited:.2}s, 5000 records exactly once");
 }
 
 #[test]
 fn a_marker_topic_shared_with_another_bridge_is_refused_at_start() {
     let _serial = serial();
-    let b = bootstrap();
-    let input = unique("ms-in");
-    create_topic(b, &input, 1);
-    assert!(verifiable_produce(b, &input, 100, -1, Some(0))
-        .status
-        .success());
     let shared = unique("shared-markers");
+    let mut first = Scenario::new("ms", 1).with(|spec| spec.marker_topic = shared.clone());
+    let first_id = first.home.spec.id.clone();
+    first.run(&[Produce(100, 0), Start, CommittedTo(100), Stop]);
 
-    let mut first = BridgeSpec::new(&input, &unique("ms-out-a"));
-    first.marker_topic = shared.clone();
-    let first_id = first.id.clone();
-    let home_a = BridgeHome::new(first);
-    let mut a = home_a.start(&[]);
-    a.wait_committed(100, Duration::from_secs(60));
-    assert!(a.stop_gracefully(Duration::from_secs(30)).success());
-
-    let mut second = BridgeSpec::new(&input, &unique("ms-out-b"));
+    let mut second = BridgeSpec::new(&first.input, &unique("ms-out-b"));
     second.marker_topic = shared.clone();
     let home_b = BridgeHome::new(second);
     let mut bridge = home_b.start(&[]);
@@ -145,54 +116,39 @@ fn a_marker_topic_shared_with_another_bridge_is_refused_at_start() {
 #[test]
 fn a_paused_neighbour_bridge_never_disturbs_recovery_after_state_loss() {
     let _serial = serial();
-    let b = bootstrap();
-    let (input, output) = (unique("nb-in"), unique("nb-out"));
-    let (n_input, n_output) = (unique("nb-neighbour-in"), unique("nb-neighbour-out"));
-    create_topic(b, &input, 2);
-    create_topic(b, &n_input, 2);
-
     // Both on their default marker topics, as most deployments run.
-    let mut ours = BridgeSpec::new(&input, &output);
-    ours.marker_topic = String::new();
-    let mut theirs = BridgeSpec::new(&n_input, &n_output);
-    theirs.marker_topic = String::new();
-    let home = BridgeHome::new(ours);
-    let n_home = BridgeHome::new(theirs);
+    let mut ours = Scenario::new("nb", 2).with(|spec| spec.marker_topic = String::new());
+    let mut theirs =
+        Scenario::new("nb-neighbour", 2).with(|spec| spec.marker_topic = String::new());
 
     let records = 8000u64;
-    let mut producer = background_producer(b, &input, records, 1000, 1);
-    let mut n_producer = background_producer(b, &n_input, 4000, 500, 2);
-    let mut neighbour = n_home.start(&[]);
-    let mut bridge = home.start(&[]);
-    bridge.wait_checkpoint(1, Duration::from_secs(60));
-    neighbour.wait_checkpoint(1, Duration::from_secs(60));
+    let mut producer = ours.produce_in_background(records, 1000, 1);
+    let mut n_producer = theirs.produce_in_background(4000, 500, 2);
+    theirs.start(&[]);
+    ours.run(&[Start, WaitCheckpoint(1)]);
+    theirs.run(&[WaitCheckpoint(1)]);
 
-    let mut rng = rand::rng();
     for _ in 0..4 {
         // The neighbour freezes mid-epoch with its transaction open, as a throttled or
         // descheduled process does, while our bridge dies and loses its state.
-        unsafe { libc::kill(neighbour.pid(), libc::SIGSTOP) };
-        std::thread::sleep(Duration::from_millis(rng.random_range(300..1500)));
-        bridge.kill9();
-        std::fs::remove_dir_all(home.state_dir()).ok();
-        bridge = home.start(&[]);
-        bridge.wait_checkpoint(1, Duration::from_secs(60));
-        unsafe { libc::kill(neighbour.pid(), libc::SIGCONT) };
-        std::thread::sleep(Duration::from_millis(rng.random_range(200..1000)));
+        theirs.run(&[Pause]);
+        ours.run(&[
+            Jitter(300, 1500),
+            Kill9,
+            WipeState,
+            Start,
+            WaitCheckpoint(1),
+        ]);
+        theirs.run(&[Resume, Jitter(200, 1000)]);
     }
     assert!(producer.wait().unwrap().success());
     assert!(n_producer.wait().unwrap().success());
-    let total = end_offsets_total(b, &input);
-    assert_eq!(total as u64, records);
-    bridge.wait_committed(total, Duration::from_secs(120));
-    let n_total = end_offsets_total(b, &n_input);
-    neighbour.wait_committed(n_total, Duration::from_secs(120));
-    assert!(bridge.stop_gracefully(Duration::from_secs(30)).success());
-    assert!(neighbour.stop_gracefully(Duration::from_secs(30)).success());
+    assert_eq!(ours.input_total() as u64, records);
+    ours.run(&[CommittedWithin(120)]);
+    theirs.run(&[CommittedWithin(120)]);
+    ours.stop();
+    theirs.stop();
 
-    assert_eq!(assert_exactly_once(b, &input, b, &output) as u64, records);
-    assert_eq!(
-        assert_exactly_once(b, &n_input, b, &n_output) as i64,
-        n_total
-    );
+    assert_eq!(ours.judge() as u64, records);
+    theirs.judge();
 }

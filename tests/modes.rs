@@ -12,6 +12,7 @@ use rdkafka::config::ClientConfig;
 use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
 
 use common::bridge::*;
+use common::scenario::*;
 use common::*;
 
 /// Runs a bridge in `delivery` mode with `kills` kill -9s at random instants, then to the end.
@@ -20,30 +21,18 @@ fn run_with_kills(
     delivery: &'static str,
     kills: u32,
 ) -> (BTreeMap<i32, Vec<String>>, BTreeMap<i32, Vec<String>>) {
-    let b = bootstrap();
-    let input = unique(&format!("{delivery}-in"));
-    let output = unique(&format!("{delivery}-out"));
-    create_topic(b, &input, 2);
-    let mut spec = BridgeSpec::new(&input, &output);
-    spec.delivery = delivery;
-    let home = BridgeHome::new(spec);
-    let mut rng = rand::rng();
+    let mut s = Scenario::new(delivery, 2).with(|spec| spec.delivery = delivery);
     for round in 0..kills {
-        assert!(verifiable_produce(b, &input, 1500, -1, Some(round))
-            .status
-            .success());
-        let mut bridge = home.start(&[]);
-        bridge.wait_checkpoint(1, Duration::from_secs(60));
-        std::thread::sleep(Duration::from_millis(rng.random_range(0..600)));
-        bridge.kill9();
+        s.run(&[
+            Produce(1500, round),
+            Start,
+            WaitCheckpoint(1),
+            Jitter(0, 600),
+            Kill9,
+        ]);
     }
-    let total = end_offsets_total(b, &input);
-    let mut bridge = home.start(&[]);
-    bridge.wait_committed(total, Duration::from_secs(60));
-    assert!(bridge.stop_gracefully(Duration::from_secs(30)).success());
-    let source = by_partition(&console_consume(b, &input, true, Duration::from_secs(5)));
-    let sink = by_partition(&console_consume(b, &output, true, Duration::from_secs(5)));
-    (source, sink)
+    s.run(&[Start, Committed, Stop]);
+    (s.input_records(), s.output_records())
 }
 
 fn counts(values: &[String]) -> HashMap<&str, usize> {
@@ -94,32 +83,12 @@ fn at_most_once_duplicates_nothing() {
 #[test]
 fn a_record_the_sink_never_takes_stops_the_bridge_naming_it() {
     let _serial = serial();
-    let b = bootstrap();
-    let input = unique("poison-in");
-    let output = unique("poison-out");
-    create_topic(b, &input, 1);
-    let out = kafka_tool(
-        "TopicCommand",
-        &[
-            "--bootstrap-server",
-            b,
-            "--create",
-            "--topic",
-            &output,
-            "--partitions",
-            "1",
-            "--config",
-            "max.message.bytes=4096",
-        ],
-    );
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let mut s = Scenario::new("poison", 1);
+    create_topic_with(&s.sink, &s.output, 1, &["max.message.bytes=4096"]);
+    let (b, input) = (s.source.clone(), s.input.clone());
 
     let producer: ThreadedProducer<DefaultProducerContext> = ClientConfig::new()
-        .set("bootstrap.servers", b)
+        .set("bootstrap.servers", &b)
         .create()
         .unwrap();
     // Random bytes: the sink producer compresses, and a compressible record would fit.
@@ -139,20 +108,17 @@ fn a_record_the_sink_never_takes_stops_the_bridge_naming_it() {
     }
     producer.flush(Duration::from_secs(30)).unwrap();
 
-    let home = BridgeHome::new(BridgeSpec::new(&input, &output));
-    let mut bridge = home.start(&[]);
-    let status = bridge
-        .wait_exit(Duration::from_secs(120))
-        .unwrap_or_else(|| panic!("the bridge kept looping:\n{}", tail(&bridge.log_text(), 30)));
+    s.start(&[]);
+    let status = s.wait_exit(Duration::from_secs(120));
     assert!(!status.success());
-    let log = bridge.log_text();
+    let log = s.log();
     assert!(
         log.contains(&format!("{input}/0@12")),
         "the error names the record's topic, partition and offset:\n{}",
         tail(&log, 20)
     );
     // Nothing of the failed epochs became visible.
-    assert!(console_consume(b, &output, true, Duration::from_secs(3)).is_empty());
+    assert!(console_consume(&s.sink, &s.output, true, Duration::from_secs(3)).is_empty());
 }
 
 fn delete_records_before(
@@ -187,29 +153,20 @@ fn delete_records_before(
 #[test]
 fn positions_deleted_by_retention_fail_or_are_counted() {
     let _serial = serial();
-    let b = bootstrap();
-    let input = unique("oor-in");
-    let output = unique("oor-out");
-    create_topic(b, &input, 1);
-    let mut home = BridgeHome::new(BridgeSpec::new(&input, &output));
-    assert!(verifiable_produce(b, &input, 1000, -1, Some(1))
-        .status
-        .success());
-    let mut bridge = home.start(&[]);
-    bridge.wait_committed(1000, Duration::from_secs(60));
-    assert!(bridge.stop_gracefully(Duration::from_secs(30)).success());
+    let mut s = Scenario::new("oor", 1);
+    s.run(&[
+        Produce(1000, 1),
+        Start,
+        CommittedTo(1000),
+        Stop,
+        Produce(1000, 2),
+    ]);
+    delete_records_before(&s.source, &s.input, 0, 1500, s.home.dir.path());
 
-    assert!(verifiable_produce(b, &input, 1000, -1, Some(2))
-        .status
-        .success());
-    delete_records_before(b, &input, 0, 1500, home.dir.path());
-
-    let mut bridge = home.start(&[]);
-    let status = bridge
-        .wait_exit(Duration::from_secs(60))
-        .expect("the bridge refuses to go on");
-    assert!(!status.success());
-    let log = bridge.log_text();
+    s.start(&[]);
+    let status = s.wait_exit(Duration::from_secs(60));
+    assert!(!status.success(), "the bridge refuses to go on");
+    let log = s.log();
     assert!(log.contains("on_offset_out_of_range"), "{}", tail(&log, 20));
     assert!(
         log.contains("500 records"),
@@ -217,18 +174,18 @@ fn positions_deleted_by_retention_fail_or_are_counted() {
         tail(&log, 20)
     );
 
-    home.spec.on_offset_out_of_range = "earliest";
-    let mut bridge = home.start(&[]);
-    bridge.wait_committed(2000, Duration::from_secs(60));
-    let (_, metrics) = bridge.get("/metrics").unwrap();
+    s.spec().on_offset_out_of_range = "earliest";
+    s.run(&[Start, CommittedTo(2000)]);
+    let (_, metrics) = s.bridge().get("/metrics").unwrap();
     assert!(
         metrics.contains(&format!(
-            "eos_bridge_records_lost_to_retention_total{{partition=\"0\",topic=\"{input}\"}} 500"
+            "eos_bridge_records_lost_to_retention_total{{partition=\"0\",topic=\"{}\"}} 500",
+            s.input
         )),
         "{metrics}"
     );
-    assert!(bridge.stop_gracefully(Duration::from_secs(30)).success());
-    let sink = console_consume(b, &output, true, Duration::from_secs(5));
+    s.stop();
+    let sink = console_consume(&s.sink, &s.output, true, Duration::from_secs(5));
     assert_eq!(sink.len(), 1500, "1000 before the deletion, 500 after it");
     let distinct: std::collections::HashSet<&String> = sink.iter().map(|r| &r.value).collect();
     assert_eq!(distinct.len(), 1500);

@@ -10,6 +10,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use common::bridge::*;
+use common::scenario::*;
 use common::*;
 
 fn agent() -> ureq::Agent {
@@ -50,20 +51,22 @@ fn send(
     (code, resp.body_mut().read_to_string().unwrap_or_default())
 }
 
+/// POST /api/v1/savepoints with `body`, with or without a bearer token.
+fn post_savepoint(bridge: &Bridge, token: Option<&str>, body: &str) -> (u16, String) {
+    send("POST", bridge, "/api/v1/savepoints", token, Some(body))
+}
+
 #[test]
 fn every_endpoint_answers_and_mutations_need_the_token() {
     let _serial = serial();
-    let b = bootstrap();
-    let input = unique("api-in");
-    let output = unique("api-out");
-    create_topic(b, &input, 2);
-    assert!(verifiable_produce(b, &input, 500, -1, Some(1))
-        .status
-        .success());
+    let mut s = Scenario::new("api", 2);
+    s.produce(500, 1);
     // The token goes in through the environment, as a secret would.
-    let home = BridgeHome::new(BridgeSpec::new(&input, &output));
-    let mut bridge = home.start(&[("EOS_BRIDGE__API__ADMIN_TOKEN", "s3cret-token")]);
-    bridge.wait_committed(500, Duration::from_secs(60));
+    s.run(&[
+        StartWith(&[("EOS_BRIDGE__API__ADMIN_TOKEN", "s3cret-token")]),
+        CommittedTo(500),
+    ]);
+    let bridge = s.bridge();
 
     assert_eq!(bridge.get("/health/live").unwrap().0, 200);
     let (code, body) = bridge.get("/health/ready").unwrap();
@@ -90,48 +93,18 @@ fn every_endpoint_answers_and_mutations_need_the_token() {
     assert!(!cps["checkpoints"].as_array().unwrap().is_empty(), "{body}");
 
     // Savepoints: 401 without or with a wrong token, 400 for a bad name, 201 with the token.
-    let (code, _) = send(
-        "POST",
-        &bridge,
-        "/api/v1/savepoints",
-        None,
-        Some(r#"{"name":"sp1"}"#),
-    );
+    let (code, _) = post_savepoint(bridge, None, r#"{"name":"sp1"}"#);
     assert_eq!(code, 401);
-    let (code, _) = send(
-        "POST",
-        &bridge,
-        "/api/v1/savepoints",
-        Some("wrong"),
-        Some(r#"{"name":"sp1"}"#),
-    );
+    let (code, _) = post_savepoint(bridge, Some("wrong"), r#"{"name":"sp1"}"#);
     assert_eq!(code, 401);
-    let (code, _) = send(
-        "POST",
-        &bridge,
-        "/api/v1/savepoints",
-        Some("s3cret-token"),
-        Some(r#"{"name":"a/b"}"#),
-    );
+    let (code, _) = post_savepoint(bridge, Some("s3cret-token"), r#"{"name":"a/b"}"#);
     assert_eq!(code, 400);
-    let (code, body) = send(
-        "POST",
-        &bridge,
-        "/api/v1/savepoints",
-        Some("s3cret-token"),
-        Some(r#"{"name":"sp1"}"#),
-    );
+    let (code, body) = post_savepoint(bridge, Some("s3cret-token"), r#"{"name":"sp1"}"#);
     assert_eq!(code, 201, "{body}");
     let sp: serde_json::Value = serde_json::from_str(&body).unwrap();
     assert_eq!(sp["name"], "sp1");
     assert_eq!(sp["format"], "eos-bridge-savepoint");
-    let (code, _) = send(
-        "POST",
-        &bridge,
-        "/api/v1/savepoints",
-        Some("s3cret-token"),
-        Some(r#"{"name":"sp1"}"#),
-    );
+    let (code, _) = post_savepoint(bridge, Some("s3cret-token"), r#"{"name":"sp1"}"#);
     assert_eq!(code, 409, "a name is taken once");
     let (code, body) = bridge.get("/api/v1/savepoints").unwrap();
     assert_eq!(code, 200);
@@ -143,53 +116,39 @@ fn every_endpoint_answers_and_mutations_need_the_token() {
         "sp1"
     );
     assert_eq!(bridge.get("/api/v1/savepoints/nope").unwrap().0, 404);
-    let (code, _) = send("DELETE", &bridge, "/api/v1/savepoints/sp1", None, None);
+    let (code, _) = send("DELETE", bridge, "/api/v1/savepoints/sp1", None, None);
     assert_eq!(code, 401);
     let (code, _) = send(
         "DELETE",
-        &bridge,
+        bridge,
         "/api/v1/savepoints/sp1",
         Some("s3cret-token"),
         None,
     );
     assert_eq!(code, 204);
     assert_eq!(bridge.get("/api/v1/savepoints/sp1").unwrap().0, 404);
-    assert!(bridge.stop_gracefully(Duration::from_secs(30)).success());
+    s.stop();
 
     // Without a configured token, mutations are closed, never open.
-    let mut bridge = home.start(&[]);
-    bridge.wait_committed(500, Duration::from_secs(60));
-    let (code, body) = send(
-        "POST",
-        &bridge,
-        "/api/v1/savepoints",
-        Some("anything"),
-        Some(r#"{"name":"x"}"#),
-    );
+    s.run(&[Start, CommittedTo(500)]);
+    let bridge = s.bridge();
+    let (code, body) = post_savepoint(bridge, Some("anything"), r#"{"name":"x"}"#);
     assert_eq!(code, 403, "{body}");
     assert!(body.contains("admin_token"));
-    assert!(bridge.stop_gracefully(Duration::from_secs(30)).success());
+    s.stop();
 }
 
 #[test]
 fn readiness_follows_the_broker() {
     let _serial = serial();
     let broker = Broker::start_private("ready");
-    let b = broker.bootstrap.clone();
-    let input = unique("rd-in");
-    let output = unique("rd-out");
-    create_topic(&b, &input, 1);
-    assert!(verifiable_produce(&b, &input, 200, -1, Some(1))
-        .status
-        .success());
-    let mut spec = BridgeSpec::new(&input, &output);
-    spec.source_bootstrap = b.clone();
-    spec.sink_bootstrap = b.clone();
-    spec.checkpoint_timeout = "3s";
-    spec.transaction_timeout = "10s";
-    let home = BridgeHome::new(spec);
-    let mut bridge = home.start(&[]);
-    bridge.wait_committed(200, Duration::from_secs(60));
+    let b = &broker.bootstrap;
+    let mut s = Scenario::between(b, b, "rd", 1).with(|spec| {
+        spec.checkpoint_timeout = "3s";
+        spec.transaction_timeout = "10s";
+    });
+    s.run(&[Produce(200, 1), Start, CommittedTo(200)]);
+    let bridge = s.bridge();
     assert_eq!(bridge.get("/health/ready").unwrap().0, 200);
 
     broker.stop();
@@ -210,38 +169,28 @@ fn readiness_follows_the_broker() {
         "readiness must return to 200:\n{}",
         tail(&bridge.log_text(), 30)
     );
-    assert!(bridge.stop_gracefully(Duration::from_secs(30)).success());
+    s.stop();
     broker.stop();
 }
 
 #[test]
 fn a_savepoint_restores_exactly_once_into_two_instances() {
     let _serial = serial();
-    let b = bootstrap();
-    let input = unique("sp-in");
-    let output = unique("sp-out");
-    create_topic(b, &input, 4);
-    assert!(verifiable_produce(b, &input, 2000, -1, Some(1))
-        .status
-        .success());
-    let spec = BridgeSpec::new(&input, &output);
-    let one = BridgeHome::new(spec.clone());
-    let mut bridge = one.start(&[("EOS_BRIDGE__API__ADMIN_TOKEN", "t")]);
-    bridge.wait_committed(2000, Duration::from_secs(60));
+    let mut s = Scenario::new("sp", 4);
+    s.run(&[
+        Produce(2000, 1),
+        StartWith(&[("EOS_BRIDGE__API__ADMIN_TOKEN", "t")]),
+        CommittedTo(2000),
+    ]);
     // Input keeps arriving while the savepoint is taken: stop-with-savepoint makes the savepoint
     // the last commit of the old layout, so nothing after it is bridged twice.
-    let mut producer = background_producer(b, &input, 3000, 1000, 2);
+    let mut producer = s.produce_in_background(3000, 1000, 2);
+    let bridge = s.bridge();
     assert!(wait_until(Duration::from_secs(30), || bridge
         .committed_total()
         .unwrap_or(0)
         > 2000));
-    let (code, body) = send(
-        "POST",
-        &bridge,
-        "/api/v1/savepoints",
-        Some("t"),
-        Some(r#"{"name":"move","stop":true}"#),
-    );
+    let (code, body) = post_savepoint(bridge, Some("t"), r#"{"name":"move","stop":true}"#);
     assert_eq!(code, 201, "{body}");
     let status = bridge
         .wait_exit(Duration::from_secs(30))
@@ -251,7 +200,7 @@ fn a_savepoint_restores_exactly_once_into_two_instances() {
     // Export with the CLI, from the stopped bridge's state directory.
     let out = Command::new(env!("CARGO_BIN_EXE_eos-bridge"))
         .args(["savepoint", "export", "--state-dir"])
-        .arg(one.state_dir())
+        .arg(s.home.state_dir())
         .args(["--name", "move"])
         .output()
         .unwrap();
@@ -260,19 +209,19 @@ fn a_savepoint_restores_exactly_once_into_two_instances() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let file = one.dir.path().join("move.json");
+    let file = s.home.dir.path().join("move.json");
     std::fs::write(&file, &out.stdout).unwrap();
 
     assert!(producer.wait().unwrap().success());
-    let total = end_offsets_total(b, &input);
+    let total = s.input_total();
 
     // Two instances, fresh state directories, restored from the one savepoint.
     let mut homes = Vec::new();
     for instance in 0..2 {
-        let mut s = spec.clone();
-        s.instance = instance;
-        s.instances = 2;
-        homes.push(BridgeHome::new(s));
+        let mut spec = s.home.spec.clone();
+        spec.instance = instance;
+        spec.instances = 2;
+        homes.push(BridgeHome::new(spec));
     }
     // Without the flag the layout change is refused.
     let mut refused = homes[0].start_with_args(&[], &["--from-savepoint", file.to_str().unwrap()]);
@@ -309,13 +258,11 @@ fn a_savepoint_restores_exactly_once_into_two_instances() {
     for br in bridges.iter_mut() {
         assert!(br.stop_gracefully(Duration::from_secs(30)).success());
     }
-    assert_eq!(assert_exactly_once(b, &input, b, &output) as i64, total);
+    assert_eq!(s.judge(), total);
 
     // A restart that still carries --from-savepoint does not rewind a second time.
-    assert!(verifiable_produce(b, &input, 400, -1, Some(3))
-        .status
-        .success());
-    let total = end_offsets_total(b, &input);
+    s.produce(400, 3);
+    let total = s.input_total();
     let mut bridges: Vec<Bridge> = homes
         .iter()
         .map(|h| h.start_with_args(&[], &args))
@@ -325,7 +272,7 @@ fn a_savepoint_restores_exactly_once_into_two_instances() {
     for br in bridges.iter_mut() {
         assert!(br.stop_gracefully(Duration::from_secs(30)).success());
     }
-    assert_eq!(assert_exactly_once(b, &input, b, &output) as i64, total);
+    assert_eq!(s.judge(), total);
 }
 
 /// Waits until the instances' committed positions together reach `total`.
@@ -372,17 +319,10 @@ fn check_reports_each_finding_with_its_fix() {
 #[test]
 fn dashboards_and_alerts_name_only_exposed_metrics() {
     let _serial = serial();
-    let b = bootstrap();
-    let input = unique("dash-in");
-    create_topic(b, &input, 1);
-    assert!(verifiable_produce(b, &input, 100, -1, Some(1))
-        .status
-        .success());
-    let home = BridgeHome::new(BridgeSpec::new(&input, &unique("dash-out")));
-    let mut bridge = home.start(&[]);
-    bridge.wait_committed(100, Duration::from_secs(60));
-    let (_, metrics) = bridge.get("/metrics").unwrap();
-    assert!(bridge.stop_gracefully(Duration::from_secs(30)).success());
+    let mut s = Scenario::new("dash", 1);
+    s.run(&[Produce(100, 1), Start, CommittedTo(100)]);
+    let (_, metrics) = s.bridge().get("/metrics").unwrap();
+    s.stop();
 
     let exposed: BTreeSet<String> = metrics
         .lines()

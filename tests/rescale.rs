@@ -7,7 +7,10 @@ mod common;
 
 use std::time::{Duration, Instant};
 
+use std::process::Child;
+
 use common::bridge::*;
+use common::scenario::*;
 use common::*;
 
 /// The instance slots of one bridge; slot i keeps its state directory across layouts.
@@ -26,7 +29,8 @@ impl Fleet {
         }
     }
 
-    fn start(&mut self, instance: u32, instances: u32) {
+    /// Slot `instance`'s home, configured for a layout of `instances`.
+    fn slot(&mut self, instance: u32, instances: u32) -> &BridgeHome {
         let i = instance as usize;
         while self.homes.len() <= i {
             self.homes.push(BridgeHome::new(self.spec.clone()));
@@ -35,7 +39,22 @@ impl Fleet {
         let home = &mut self.homes[i];
         home.spec.instance = instance;
         home.spec.instances = instances;
-        self.running[i] = Some(home.start(&[]));
+        home
+    }
+
+    fn start(&mut self, instance: u32, instances: u32) {
+        let bridge = self.slot(instance, instances).start(&[]);
+        self.running[instance as usize] = Some(bridge);
+    }
+
+    /// A rolling update of one slot: SIGTERM, then a start with the new instance count. A fenced
+    /// old process may already have stopped by itself (exit 1, naming the newer layout).
+    fn restart(&mut self, instance: u32, instances: u32) {
+        if let Some(mut b) = self.running[instance as usize].take() {
+            b.sigterm();
+            let _ = b.wait_exit(Duration::from_secs(30));
+        }
+        self.start(instance, instances);
     }
 
     fn stop(&mut self, instance: u32) {
@@ -89,6 +108,44 @@ impl Fleet {
     }
 }
 
+/// A process of an older layout that stopped by itself: exit 1, naming the newer layout.
+fn assert_fenced_by_newer_layout(b: &Bridge, status: std::process::ExitStatus) {
+    assert!(!status.success(), "a fenced old instance exits 1");
+    assert!(
+        b.log_text().contains("newer layout"),
+        "{}",
+        tail(&b.log_text(), 20)
+    );
+}
+
+/// 600 records on 6 partitions, bridged by one instance in layout 0; then `more` records arrive
+/// at 150/s while the test changes the layout.
+fn one_instance_under_load(name: &str, more: u64) -> (Scenario, Fleet, Child) {
+    let s = Scenario::new(name, 6);
+    s.produce(600, 1);
+    let mut fleet = Fleet::new(s.home.spec.clone());
+    fleet.start(0, 1);
+    fleet.wait_layout(0, 1, Instant::now());
+    let producer = s.produce_in_background(more, 150, 2);
+    (s, fleet, producer)
+}
+
+/// Once the input is complete, waits until `fleet` has committed all of it, stops every instance
+/// and judges the output. Returns the record count.
+fn finish(s: &Scenario, fleet: &mut Fleet, mut producer: Child) -> i64 {
+    assert!(producer.wait().unwrap().success());
+    let total = s.input_total();
+    assert!(
+        wait_until(Duration::from_secs(60), || fleet.committed_total() == total),
+        "committed {} of {total}",
+        fleet.committed_total()
+    );
+    for i in 0..fleet.running.len() {
+        fleet.stop(i as u32);
+    }
+    s.judge()
+}
+
 impl Drop for Fleet {
     fn drop(&mut self) {
         for b in self.running.iter_mut().flatten() {
@@ -102,13 +159,9 @@ impl Drop for Fleet {
 fn change(fleet: &mut Fleet, from: u32, to: u32, generation: u64) -> Duration {
     let began = Instant::now();
     // Slots kept by both layouts restart with the new config; a fenced old process may already
-    // have stopped by itself (exit 1, naming the newer layout), which is the point.
+    // have stopped by itself, which is the point.
     for i in 0..from.min(to) {
-        if let Some(mut b) = fleet.running[i as usize].take() {
-            b.sigterm();
-            let _ = b.wait_exit(Duration::from_secs(30));
-        }
-        fleet.start(i, to);
+        fleet.restart(i, to);
     }
     for i in from..to {
         fleet.start(i, to);
@@ -119,12 +172,7 @@ fn change(fleet: &mut Fleet, from: u32, to: u32, generation: u64) -> Duration {
         let status = b
             .wait_exit(Duration::from_secs(30))
             .expect("a removed instance is fenced and stops");
-        assert!(!status.success(), "a fenced old instance exits 1");
-        assert!(
-            b.log_text().contains("newer layout"),
-            "{}",
-            tail(&b.log_text(), 20)
-        );
+        assert_fenced_by_newer_layout(b, status);
         fleet.running[i as usize] = None;
     }
     took
@@ -133,50 +181,20 @@ fn change(fleet: &mut Fleet, from: u32, to: u32, generation: u64) -> Duration {
 #[test]
 fn one_two_three_one_instances_by_config_change_and_restart_only() {
     let _serial = serial();
-    let b = bootstrap();
-    let input = unique("rs-in");
-    let output = unique("rs-out");
-    create_topic(b, &input, 6);
-    assert!(verifiable_produce(b, &input, 600, -1, Some(1))
-        .status
-        .success());
-    let mut fleet = Fleet::new(BridgeSpec::new(&input, &output));
-    fleet.start(0, 1);
-    fleet.wait_layout(0, 1, Instant::now());
-
-    let mut producer = background_producer(b, &input, 3000, 150, 2);
+    let (s, mut fleet, producer) = one_instance_under_load("rs", 3000);
     let times = [
         change(&mut fleet, 1, 2, 1),
         change(&mut fleet, 2, 3, 2),
         change(&mut fleet, 3, 1, 3),
     ];
-    assert!(producer.wait().unwrap().success());
-    let total = end_offsets_total(b, &input);
-    assert!(
-        wait_until(Duration::from_secs(60), || fleet.committed_total() == total),
-        "committed {} of {total}",
-        fleet.committed_total()
-    );
-    fleet.stop(0);
-    let seen = assert_exactly_once(b, &input, b, &output) as i64;
-    assert_eq!(seen, total);
+    let total = finish(&s, &mut fleet, producer);
     eprintln!("rescale 1->2->3->1: {total} records, each change until the new layout committed: {times:?}");
 }
 
 #[test]
 fn an_old_layout_process_is_fenced_mid_epoch_and_a_kill_9_during_the_change_is_repaired() {
     let _serial = serial();
-    let b = bootstrap();
-    let input = unique("rs2-in");
-    let output = unique("rs2-out");
-    create_topic(b, &input, 6);
-    assert!(verifiable_produce(b, &input, 600, -1, Some(1))
-        .status
-        .success());
-    let mut fleet = Fleet::new(BridgeSpec::new(&input, &output));
-    fleet.start(0, 1);
-    fleet.wait_layout(0, 1, Instant::now());
-    let mut producer = background_producer(b, &input, 2000, 150, 2);
+    let (s, mut fleet, producer) = one_instance_under_load("rs2", 2000);
 
     // Layout 2 side by side with layout 1 for a while; instance 1 of layout 2 is killed -9 right
     // after it took over and restarted.
@@ -194,49 +212,23 @@ fn an_old_layout_process_is_fenced_mid_epoch_and_a_kill_9_during_the_change_is_r
     let status = old
         .wait_exit(Duration::from_secs(60))
         .expect("the fenced layout-1 process stops");
-    assert!(!status.success());
-    assert!(
-        old.log_text().contains("newer layout"),
-        "{}",
-        tail(&old.log_text(), 20)
-    );
+    assert_fenced_by_newer_layout(old, status);
     // The rolling update reaches slot 0 last: it restarts with the new count and joins layout 2.
     fleet.running[0] = None;
     fleet.start(0, 2);
     fleet.wait_layout(1, 2, Instant::now());
-
-    assert!(producer.wait().unwrap().success());
-    let total = end_offsets_total(b, &input);
-    assert!(
-        wait_until(Duration::from_secs(60), || fleet.committed_total() == total),
-        "committed {} of {total}",
-        fleet.committed_total()
-    );
-    fleet.stop(0);
-    fleet.stop(1);
-    assert_eq!(assert_exactly_once(b, &input, b, &output) as i64, total);
+    finish(&s, &mut fleet, producer);
 }
 
 #[test]
 fn layouts_two_and_three_side_by_side_then_the_old_one_killed() {
     let _serial = serial();
-    let b = bootstrap();
-    let input = unique("rs3-in");
-    let output = unique("rs3-out");
-    create_topic(b, &input, 6);
-    assert!(verifiable_produce(b, &input, 600, -1, Some(1))
-        .status
-        .success());
-    let spec = BridgeSpec::new(&input, &output);
-    let mut old = Fleet::new(spec.clone());
-    old.start(0, 1);
-    old.wait_layout(0, 1, Instant::now());
-    let mut producer = background_producer(b, &input, 2000, 150, 2);
+    let (s, mut old, producer) = one_instance_under_load("rs3", 2000);
     change(&mut old, 1, 2, 1);
 
     // Layout 3 on volumes of its own (another node pool, say) while layout 2 still runs.
     let began = Instant::now();
-    let mut new = Fleet::new(spec);
+    let mut new = Fleet::new(s.home.spec.clone());
     for i in 0..3 {
         new.start(i, 3);
     }
@@ -246,30 +238,14 @@ fn layouts_two_and_three_side_by_side_then_the_old_one_killed() {
     let mut fenced_exits = 0;
     for b in old.running.iter_mut().flatten() {
         if let Ok(Some(status)) = b.child.try_wait() {
-            assert!(!status.success());
-            assert!(
-                b.log_text().contains("newer layout"),
-                "{}",
-                tail(&b.log_text(), 20)
-            );
+            assert_fenced_by_newer_layout(b, status);
             fenced_exits += 1;
         } else {
             b.kill9();
         }
     }
     old.running.clear();
-
-    assert!(producer.wait().unwrap().success());
-    let total = end_offsets_total(b, &input);
-    assert!(
-        wait_until(Duration::from_secs(60), || new.committed_total() == total),
-        "committed {} of {total}",
-        new.committed_total()
-    );
-    for i in 0..3 {
-        new.stop(i);
-    }
-    assert_eq!(assert_exactly_once(b, &input, b, &output) as i64, total);
+    let total = finish(&s, &mut new, producer);
     eprintln!(
         "layouts 2 and 3 side by side: {total} records exactly once, layout 3 committed after \
          {took:?}, {fenced_exits} of 2 old instances had stopped by themselves"
@@ -280,36 +256,16 @@ fn layouts_two_and_three_side_by_side_then_the_old_one_killed() {
 #[test]
 fn a_kill_9_at_every_step_of_a_take_over_is_repaired() {
     let _serial = serial();
-    let b = bootstrap();
-    let input = unique("rs4-in");
-    let output = unique("rs4-out");
-    create_topic(b, &input, 6);
-    assert!(verifiable_produce(b, &input, 600, -1, Some(1))
-        .status
-        .success());
-    let mut fleet = Fleet::new(BridgeSpec::new(&input, &output));
-    fleet.start(0, 1);
-    fleet.wait_layout(0, 1, Instant::now());
-    let mut producer = background_producer(b, &input, 2000, 150, 2);
+    let (s, mut fleet, producer) = one_instance_under_load("rs4", 2000);
     change(&mut fleet, 1, 2, 1);
 
     // 2 -> 3: the new instance 2 dies (SIGKILL) at each step of its take-over in turn, while
     // instances 0 and 1 have already moved to layout 3; each restart repairs the last one.
     for i in 0..2 {
-        let br = fleet.running[i].as_mut().unwrap();
-        br.sigterm();
-        let _ = br.wait_exit(Duration::from_secs(30));
-        fleet.start(i as u32, 3);
+        fleet.restart(i, 3);
     }
     for step in ["after-intent", "after-fence", "after-takeover"] {
-        while fleet.homes.len() < 3 {
-            fleet.homes.push(BridgeHome::new(fleet.spec.clone()));
-            fleet.running.push(None);
-        }
-        let home = &mut fleet.homes[2];
-        home.spec.instance = 2;
-        home.spec.instances = 3;
-        let mut dying = home.start(&[("EOS_BRIDGE_FAILPOINT", step)]);
+        let mut dying = fleet.slot(2, 3).start(&[("EOS_BRIDGE_FAILPOINT", step)]);
         let status = dying
             .wait_exit(Duration::from_secs(60))
             .unwrap_or_else(|| panic!("failpoint {step} not reached:\n{}", dying.log_text()));
@@ -317,17 +273,6 @@ fn a_kill_9_at_every_step_of_a_take_over_is_repaired() {
     }
     fleet.start(2, 3);
     let took = fleet.wait_layout(2, 3, Instant::now());
-
-    assert!(producer.wait().unwrap().success());
-    let total = end_offsets_total(b, &input);
-    assert!(
-        wait_until(Duration::from_secs(60), || fleet.committed_total() == total),
-        "committed {} of {total}",
-        fleet.committed_total()
-    );
-    for i in 0..3 {
-        fleet.stop(i);
-    }
-    assert_eq!(assert_exactly_once(b, &input, b, &output) as i64, total);
+    let total = finish(&s, &mut fleet, producer);
     eprintln!("kill -9 at each take-over step: {total} records exactly once, final start {took:?}");
 }

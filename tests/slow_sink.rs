@@ -13,6 +13,7 @@ use rdkafka::config::ClientConfig;
 use rdkafka::producer::{DefaultProducerContext, Producer, ThreadedProducer};
 
 use common::bridge::*;
+use common::scenario::*;
 use common::*;
 
 const PARTITIONS: i32 = 2;
@@ -101,24 +102,20 @@ fn fill_input(bootstrap: &str, topic: &str) {
 #[test]
 fn a_sink_throttled_by_a_quota_makes_slow_progress_exactly_once() {
     let _serial = serial();
-    let b = bootstrap();
-    let input = unique("slow-in");
-    let output = unique("slow-out");
-    create_topic(b, &input, PARTITIONS as u32);
-    create_topic(b, &output, PARTITIONS as u32);
-    fill_input(b, &input);
+    let client_id = unique("slow-sink");
+    let mut s = Scenario::new("slow", PARTITIONS as u32).with(|spec| {
+        spec.interval = "1s";
+        spec.checkpoint_timeout = "4s";
+        spec.transaction_timeout = "30s";
+        spec.extra = format!("\n[sink.kafka]\n\"client.id\" = \"{client_id}\"\n");
+    });
+    create_topic(&s.sink, &s.output, PARTITIONS as u32);
+    fill_input(&s.source, &s.input);
     let total = (PER_PARTITION * PARTITIONS as usize) as i64;
 
-    let client_id = unique("slow-sink");
-    let _quota = Quota::set(b, &client_id);
-    let mut spec = BridgeSpec::new(&input, &output);
-    spec.interval = "1s";
-    spec.checkpoint_timeout = "4s";
-    spec.transaction_timeout = "30s";
-    spec.extra = format!("\n[sink.kafka]\n\"client.id\" = \"{client_id}\"\n");
-    let home = BridgeHome::new(spec);
+    let _quota = Quota::set(&s.sink, &client_id);
     let started = Instant::now();
-    let mut bridge = home.start(&[]);
+    let bridge = s.start(&[]);
     bridge.wait_committed(total, Duration::from_secs(75));
     let took = started.elapsed();
 
@@ -139,13 +136,12 @@ fn a_sink_throttled_by_a_quota_makes_slow_progress_exactly_once() {
     );
     assert!(status.success(), "{}", tail(&bridge.log_text(), 20));
 
-    let seen = assert_exactly_once(b, &input, b, &output);
-    assert_eq!(seen as i64, total);
+    assert_eq!(s.judge(), total);
     // 6 MB through 512 KiB/s with a 4 s timeout cannot fit few checkpoints: the epochs were bounded.
     assert!(
         completed >= 4.0,
         "only {completed} checkpoints completed:\n{}",
-        tail(&bridge.log_text(), 30)
+        tail(&s.log(), 30)
     );
     // A cap-sized flush takes 32 s at this rate: the limit must have come down to the sink's pace.
     assert!(

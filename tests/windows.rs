@@ -9,6 +9,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use common::bridge::*;
+use common::scenario::*;
 use common::*;
 
 const WAITING: &str = "start-up: waiting for the cluster";
@@ -20,38 +21,29 @@ fn count(log: &str, needle: &str) -> usize {
 #[test]
 fn start_up_waits_for_a_sink_cluster_that_is_down() {
     let _serial = serial();
-    let source = bootstrap();
     let sink = Broker::start_private("sinkdown");
     sink.stop();
-    let input = unique("sd-in");
-    let output = unique("sd-out");
-    create_topic(source, &input, 2);
-    assert!(verifiable_produce(source, &input, 400, -1, Some(1))
-        .status
-        .success());
-    let mut spec = BridgeSpec::new(&input, &output);
-    spec.sink_bootstrap = sink.bootstrap.clone();
-    let home = BridgeHome::new(spec.clone());
-    let mut bridge = home.start(&[]);
+    let mut s = Scenario::between(bootstrap(), &sink.bootstrap, "sd", 2);
+    s.run(&[Produce(400, 1), Start]);
     // A second bridge waiting on the same dead cluster is stopped with SIGTERM meanwhile.
-    let mut other = spec;
+    let mut other = s.home.spec.clone();
     other.id = unique("bridge");
     other.marker_topic = unique("markers");
     let quitter_home = BridgeHome::new(other);
     let mut quitter = quitter_home.start(&[]);
 
     let waited = wait_until(Duration::from_secs(45), || {
-        count(&bridge.log_text(), WAITING) >= 1 && count(&quitter.log_text(), WAITING) >= 1
+        count(&s.log(), WAITING) >= 1 && count(&quitter.log_text(), WAITING) >= 1
     });
     assert!(
         waited,
         "both bridges log that they wait:\n{}",
-        tail(&bridge.log_text(), 20)
+        tail(&s.log(), 20)
     );
     assert!(
-        matches!(bridge.child.try_wait(), Ok(None)),
+        matches!(s.bridge().child.try_wait(), Ok(None)),
         "the bridge waits instead of exiting:\n{}",
-        bridge.log_text()
+        s.log()
     );
 
     let signalled = Instant::now();
@@ -68,15 +60,12 @@ fn start_up_waits_for_a_sink_cluster_that_is_down() {
     );
 
     sink.restart();
-    bridge.wait_committed(400, Duration::from_secs(75));
-    assert!(bridge.stop_gracefully(Duration::from_secs(30)).success());
-    assert_eq!(
-        assert_exactly_once(source, &input, &sink.bootstrap, &output),
-        400
-    );
+    s.bridge().wait_committed(400, Duration::from_secs(75));
+    s.stop();
+    assert_eq!(s.judge(), 400);
     eprintln!(
         "start-up attempts logged while the sink was down: {}; SIGTERM while waiting exited in {took:?}",
-        count(&bridge.log_text(), WAITING)
+        count(&s.log(), WAITING)
     );
     sink.stop();
 }
@@ -131,48 +120,39 @@ fn a_listed_topic_that_appears_late_is_waited_for_and_one_that_never_does_stops_
 #[test]
 fn start_latest_is_resolved_once_and_kept_until_the_first_commit() {
     let _serial = serial();
-    let b = bootstrap();
-    let input = unique("latest-in");
-    let output = unique("latest-out");
-    create_topic(b, &input, 2);
+    let mut s = Scenario::new("latest", 2).with(|spec| {
+        spec.interval = "60s";
+        spec.transaction_timeout = "90s";
+    });
     // Before the first start: `latest` skips these.
-    assert!(verifiable_produce(b, &input, 200, -1, Some(1))
-        .status
-        .success());
-    let mut spec = BridgeSpec::new(&input, &output);
-    spec.interval = "60s";
-    spec.transaction_timeout = "90s";
-    let mut home = BridgeHome::new(spec);
+    s.produce(200, 1);
     let latest = [("EOS_BRIDGE__SOURCE__START", "latest")];
 
-    let mut bridge = home.start(&latest);
+    let bridge = s.start(&latest);
     let resolved = wait_until(Duration::from_secs(60), || {
         bridge.log_text().contains("resolved source.start")
     });
     assert!(resolved, "{}", bridge.log_text());
     assert_eq!(bridge.last_checkpoint_id(), Some(0), "no commit yet");
-    bridge.kill9();
 
     // Produced while the bridge is down, after `latest` was resolved: all of these are bridged.
-    assert!(verifiable_produce(b, &input, 300, -1, Some(2))
-        .status
-        .success());
-    home.spec.interval = "300ms";
-    let mut bridge = home.start(&latest);
-    bridge.wait_committed(end_offsets_total(b, &input), Duration::from_secs(60));
+    s.run(&[Kill9, Produce(300, 2)]);
+    s.spec().interval = "300ms";
+    s.run(&[StartWith(&latest), Committed]);
     assert!(
-        bridge.log_text().contains("kept by an earlier run"),
+        s.log().contains("kept by an earlier run"),
         "{}",
-        tail(&bridge.log_text(), 20)
+        tail(&s.log(), 20)
     );
-    assert!(bridge.stop_gracefully(Duration::from_secs(30)).success());
+    s.stop();
 
-    let mut wanted = by_partition(&console_consume(b, &input, true, Duration::from_secs(4)));
+    let (b, input, output) = (bootstrap(), &s.input, &s.output);
+    let mut wanted = by_partition(&console_consume(b, input, true, Duration::from_secs(4)));
     for values in wanted.values_mut() {
         values.retain(|v| v.starts_with("2."));
     }
     assert_eq!(wanted.values().map(Vec::len).sum::<usize>(), 300);
-    let sink = console_consume(b, &output, true, Duration::from_secs(4));
+    let sink = console_consume(b, output, true, Duration::from_secs(4));
     assert_same_sequences(&wanted, &by_partition(&sink));
     eprintln!(
         "start = latest across a kill -9 before the first commit: {} bridged of 300",
@@ -186,22 +166,14 @@ fn a_savepoint_whose_checkpoint_never_committed_is_not_offered() {
     use std::os::unix::process::ExitStatusExt;
 
     let _serial = serial();
-    let b = bootstrap();
-    let input = unique("spp-in");
-    let output = unique("spp-out");
-    create_topic(b, &input, 2);
-    assert!(verifiable_produce(b, &input, 300, -1, Some(1))
-        .status
-        .success());
-    let mut spec = BridgeSpec::new(&input, &output);
-    spec.interval = "3s";
-    let home = BridgeHome::new(spec);
+    let mut s = Scenario::new("spp", 2).with(|spec| spec.interval = "3s");
+    s.produce(300, 1);
     let token = ("EOS_BRIDGE__API__ADMIN_TOKEN", "t");
     let name = "never-committed";
 
     // Checkpoint 1 commits; the request arrives during epoch 2, so epoch 3 carries the name and
     // dies right after its pending checkpoint is on disk (the third "after-precommit").
-    let mut bridge = home.start(&[
+    let bridge = s.start(&[
         token,
         ("EOS_BRIDGE_FAILPOINT", "after-precommit"),
         ("EOS_BRIDGE_FAILPOINT_HIT", "3"),
@@ -222,16 +194,15 @@ fn a_savepoint_whose_checkpoint_never_committed_is_not_offered() {
             .header("Authorization", "Bearer t")
             .send(body.as_str());
     });
-    let status = bridge
-        .wait_exit(Duration::from_secs(60))
-        .expect("the failpoint is reached");
-    assert_eq!(status.signal(), Some(9), "{}", bridge.log_text());
+    let status = s.wait_exit(Duration::from_secs(60));
+    assert_eq!(status.signal(), Some(9), "{}", s.log());
 
+    let state_dir = s.home.state_dir();
     let cli = |args: &[&str]| {
         Command::new(env!("CARGO_BIN_EXE_eos-bridge"))
             .args(args)
             .arg("--state-dir")
-            .arg(home.state_dir())
+            .arg(&state_dir)
             .output()
             .unwrap()
     };
@@ -251,15 +222,15 @@ fn a_savepoint_whose_checkpoint_never_committed_is_not_offered() {
     assert!(stderr.contains("still pending"), "{stderr}");
 
     // Recovery settles it: the marker says checkpoint 3 never committed.
-    let mut bridge = home.start(&[token]);
-    bridge.wait_committed(300, Duration::from_secs(60));
+    s.run(&[StartWith(&[token]), CommittedTo(300)]);
+    let bridge = s.bridge();
     let (code, listed) = bridge.get("/api/v1/savepoints").unwrap();
     assert_eq!(code, 200);
     assert!(!listed.contains(name), "{listed}");
     let (code, one) = bridge.get(&format!("/api/v1/savepoints/{name}")).unwrap();
     assert_eq!(code, 404, "{one}");
-    assert!(bridge.stop_gracefully(Duration::from_secs(30)).success());
+    s.stop();
     let list = String::from_utf8_lossy(&cli(&["checkpoints", "list"]).stdout).to_string();
     assert!(!list.contains(name), "{list}");
-    assert_eq!(assert_exactly_once(b, &input, b, &output), 300);
+    assert_eq!(s.judge(), 300);
 }

@@ -1,0 +1,137 @@
+//! What the benchmark examples share: the wall clock they print, the two kinds of clients they
+//! build (a producer with the bridge's batching settings, a read_committed consumer), partition
+//! discovery, a send that waits out a full local queue, delivery counting, and the pseudo-random
+//! capital letters the load generators write.
+//!
+//! Included by each example with `mod common;`; an example uses only part of it.
+#![allow(dead_code)]
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use rdkafka::client::Client;
+use rdkafka::config::ClientConfig;
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::message::ToBytes;
+use rdkafka::producer::{BaseRecord, DeliveryResult, Producer, ProducerContext, ThreadedProducer};
+use rdkafka::ClientContext;
+
+// The cluster and topic most examples take (a plain comment: clap would print a doc comment as the
+// about text of every example that flattens this).
+#[derive(clap::Args)]
+pub struct Target {
+    #[arg(long)]
+    pub bootstrap: String,
+    #[arg(long)]
+    pub topic: String,
+}
+
+fn since_epoch() -> Duration {
+    SystemTime::now().duration_since(UNIX_EPOCH).unwrap()
+}
+
+pub fn now_ms() -> u128 {
+    since_epoch().as_millis()
+}
+
+pub fn now_us() -> u64 {
+    since_epoch().as_micros() as u64
+}
+
+/// The batching settings of eos-bridge's sink producer, so that a copy or a fill costs what the
+/// bridge's writes cost.
+pub fn bridge_producer(bootstrap: &str) -> ClientConfig {
+    let mut c = ClientConfig::new();
+    c.set("bootstrap.servers", bootstrap)
+        .set("linger.ms", "5")
+        .set("batch.size", "1000000")
+        .set("compression.type", "lz4")
+        .set("enable.idempotence", "true");
+    c
+}
+
+/// A consumer that sees committed records only, starts at the beginning where it has no position,
+/// and commits nothing by itself.
+pub fn read_committed_consumer(bootstrap: &str, group: &str) -> ClientConfig {
+    let mut c = ClientConfig::new();
+    c.set("bootstrap.servers", bootstrap)
+        .set("group.id", group)
+        .set("enable.auto.commit", "false")
+        .set("isolation.level", "read_committed")
+        .set("auto.offset.reset", "earliest");
+    c
+}
+
+/// The partition ids of `topic` (none for a topic that does not exist).
+pub fn partitions<C: ClientContext>(client: &Client<C>, topic: &str) -> Vec<i32> {
+    let md = client
+        .fetch_metadata(Some(topic), Duration::from_secs(10))
+        .expect("metadata");
+    md.topics()[0].partitions().iter().map(|p| p.id()).collect()
+}
+
+/// Hands `rec` to the producer, sleeping `backoff` whenever its local queue is full.
+pub fn send_waiting<K, P, C>(
+    producer: &ThreadedProducer<C>,
+    mut rec: BaseRecord<'_, K, P, C::DeliveryOpaque>,
+    backoff: Duration,
+) where
+    K: ToBytes + ?Sized,
+    P: ToBytes + ?Sized,
+    C: ProducerContext,
+{
+    loop {
+        match producer.send(rec) {
+            Ok(()) => return,
+            Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), back)) => {
+                rec = back;
+                std::thread::sleep(backoff);
+            }
+            Err((e, _)) => panic!("produce: {e}"),
+        }
+    }
+}
+
+/// Waits until every record sent is acknowledged. Not `Producer::flush`: rdkafka's flush polls the
+/// producer's queue in 100 ms slices, and with a `ThreadedProducer` its own thread takes the
+/// delivery events, so each flush sleeps a whole slice (see examples/flush_latency.rs).
+pub fn wait_acked<C: ProducerContext>(producer: &impl Producer<C>) {
+    let end = Instant::now() + Duration::from_secs(60);
+    while producer.in_flight_count() > 0 {
+        assert!(Instant::now() < end, "records not acknowledged within 60 s");
+        std::thread::sleep(Duration::from_micros(200));
+    }
+}
+
+/// A producer context counting acknowledged and failed deliveries.
+#[derive(Default)]
+pub struct Deliveries {
+    pub acked: AtomicU64,
+    pub failed: AtomicU64,
+}
+
+impl ClientContext for Deliveries {}
+
+impl ProducerContext for Deliveries {
+    type DeliveryOpaque = ();
+    fn delivery(&self, r: &DeliveryResult<'_>, _: ()) {
+        match r {
+            Ok(_) => self.acked.fetch_add(1, Ordering::Relaxed),
+            Err(_) => self.failed.fetch_add(1, Ordering::Relaxed),
+        };
+    }
+}
+
+/// `len` pseudo-random capital letters (xorshift from `seed`): cheap filler that lz4 cannot shrink
+/// much, taken at varying offsets so that records differ.
+pub fn letters(seed: u64, len: usize) -> Vec<u8> {
+    let mut x = seed;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            b'A' + (x % 26) as u8
+        })
+        .collect()
+}
