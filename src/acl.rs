@@ -334,6 +334,7 @@ const WHY_DLQ_WRITE: &str =
 const WHY_DLQ_CREATE: &str = "on_bad_record = \"dead-letter\" creates the missing dead-letter topic on the first refused record";
 const WHY_TXN: &str = "the bridge's transactional producers (and the take-over fencing of older layouts) use these ids; Write implies Describe";
 const WHY_GROUP: &str = "librdkafka's consumers look up their group's coordinator (assign needs a group; no offsets are committed)";
+const WHY_MONITOR_GROUP: &str = "the bridge commits its source positions to this group after each checkpoint, for lag tools (offsets.monitor_group; Read implies the Describe its consumer's coordinator lookup needs)";
 const WHY_CLUSTER_CONFIGS: &str = "the timeout check reads the broker's transaction.max.timeout.ms";
 
 /// Probes every permission the configuration needs. An error means a cluster could not be asked
@@ -383,7 +384,14 @@ pub(crate) fn probe(cfg: &Config, runtime: &Handle) -> Result<Probe> {
         })
         .collect();
     let found = check_topics(&source, runtime, &needs, &mut out)?;
-    check_group(&source, &source_group(&cfg.bridge.id), &mut out)?;
+    // The monitoring commit (offsets.monitor_group, by default this very group) needs Read; a
+    // refused describe is then best fixed by granting Read, which implies Describe.
+    let group = source_group(&cfg.bridge.id);
+    let (op, why) = match cfg.offsets.monitor_group == group {
+        true => (Operation::Read, WHY_MONITOR_GROUP),
+        false => (Operation::Describe, WHY_GROUP),
+    };
+    check_group(&source, &group, op, why, &mut out)?;
 
     let sink_kafka = props(&cfg.sink.kafka);
     let sink = Cluster {
@@ -455,7 +463,8 @@ pub(crate) fn probe(cfg: &Config, runtime: &Handle) -> Result<Probe> {
     let needs: Vec<Need> = needs.into_values().collect();
     check_topics(&sink, runtime, &needs, &mut out)?;
     if exactly_once {
-        check_group(&sink, &marker_reader_group(&cfg.bridge.id), &mut out)?;
+        let group = marker_reader_group(&cfg.bridge.id);
+        check_group(&sink, &group, Operation::Describe, WHY_GROUP, &mut out)?;
         check_transactional_ids(&sink, cfg, &mut out)?;
     }
     Ok(out)
@@ -746,7 +755,47 @@ pub(crate) fn findings(cfg: &Config, runtime: &Handle) -> Vec<crate::check::Find
 
 /// DescribeConsumerGroups of `group`: its coordinator lookup needs what the bridge's consumer's
 /// does, Describe on the group. A group never used is described as dead, not refused.
-fn check_group(cluster: &Cluster<'_>, group: &str, out: &mut Probe) -> Result<()> {
+fn check_group(
+    cluster: &Cluster<'_>,
+    group: &str,
+    op: Operation,
+    why: &'static str,
+    out: &mut Probe,
+) -> Result<()> {
+    // A group's coordinator may be moving or loading (a fresh broker, a new group): that is no
+    // answer yet, so ask again within the probe's bound.
+    let deadline = std::time::Instant::now() + TIMEOUT;
+    let code = loop {
+        let code = describe_group(cluster, group)?;
+        let not_yet = matches!(
+            code,
+            RDKafkaErrorCode::NotCoordinator
+                | RDKafkaErrorCode::CoordinatorLoadInProgress
+                | RDKafkaErrorCode::CoordinatorNotAvailable
+        );
+        if !not_yet || std::time::Instant::now() >= deadline {
+            break code;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    if is_auth(code) {
+        out.denied.push(cluster.deny(
+            op,
+            Resource::Group(group.to_string()),
+            why,
+            format!("DescribeConsumerGroups: {code:?}"),
+        ));
+    } else if code != RDKafkaErrorCode::NoError {
+        return Err(BridgeError::kafka(
+            "describe group",
+            KafkaError::AdminOp(code),
+        ));
+    }
+    Ok(())
+}
+
+/// The error code DescribeConsumerGroups gives for `group` (NoError: described).
+fn describe_group(cluster: &Cluster<'_>, group: &str) -> Result<RDKafkaErrorCode> {
     let rk = cluster.admin.inner().inner().native_ptr();
     let name = CString::new(group)
         .map_err(|e| BridgeError::kafka("describe group", KafkaError::from(e)))?;
@@ -810,17 +859,7 @@ fn check_group(cluster: &Cluster<'_>, group: &str, out: &mut Probe) -> Result<()
             code
         }
     };
-    if is_auth(code) {
-        out.denied.push(cluster.deny(
-            Operation::Describe,
-            Resource::Group(group.to_string()),
-            WHY_GROUP,
-            format!("DescribeConsumerGroups: {code:?}"),
-        ));
-    } else if code != RDKafkaErrorCode::NoError {
-        return Err(fail(code));
-    }
-    Ok(())
+    Ok(code)
 }
 
 fn describe_error(code: RDKafkaErrorCode) -> BridgeError {

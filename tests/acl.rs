@@ -121,6 +121,10 @@ impl Acl {
     }
 }
 
+fn offsets_topic(id: &str) -> String {
+    format!("__eos_bridge_offsets.{id}")
+}
+
 /// The ACLs docs/security.md lists for an exactly-once bridge `id` from `source` to `sink`
 /// (topics that the bridge creates need Create as well; `creates` says whether it does).
 fn documented_set(id: &str, source: &str, sink: &str, marker: &str) -> Vec<Acl> {
@@ -131,6 +135,9 @@ fn documented_set(id: &str, source: &str, sink: &str, marker: &str) -> Vec<Acl> 
         Acl::topic("Read", marker),
         Acl::topic("Write", marker),
         Acl::topic("Create", marker),
+        // The offset mapping (exactly-once under `preserve`), written in each transaction.
+        Acl::topic("Write", &offsets_topic(id)),
+        Acl::topic("Create", &offsets_topic(id)),
         Acl {
             operation: "Write",
             resource: vec![
@@ -144,8 +151,9 @@ fn documented_set(id: &str, source: &str, sink: &str, marker: &str) -> Vec<Acl> 
             operation: "DescribeConfigs",
             resource: vec!["--cluster".into()],
         },
+        // Read: the monitoring commit of the bridge's positions (on by default) needs it.
         Acl {
-            operation: "Describe",
+            operation: "Read",
             resource: vec!["--group".into(), format!("eos-bridge.{id}")],
         },
         Acl {
@@ -426,7 +434,7 @@ fn creating_missing_topics_needs_create_on_them() {
         .collect();
     // The probe stops both commands before anything is created, so the topics stay missing.
     let slowest = assert_each_removal_fails(&home, &principal, &password, &creates);
-    for t in [&sink, &marker] {
+    for t in [&sink, &marker, &offsets_topic(&id)] {
         assert!(!topic_exists(t), "a failed start created topic {t}");
     }
     eprintln!("slowest failure without a Create: {slowest:?}");
