@@ -291,32 +291,10 @@ impl BridgeError {
             }
             BridgeError::MarkerRead { .. } => Action::Rebuild,
             BridgeError::SourceTopicsUnavailable { .. } => Action::Retry,
-            BridgeError::Fenced { .. }
-            | BridgeError::Unauthorized { .. }
-            | BridgeError::MissingPermissions(_)
-            | BridgeError::Authentication { .. }
-            | BridgeError::Tls { .. }
-            | BridgeError::Unreachable { .. }
-            | BridgeError::Config(_)
-            | BridgeError::Store(_)
-            | BridgeError::Recovery(_)
-            | BridgeError::LayoutSuperseded(_)
-            | BridgeError::PoisonRecord(_)
-            | BridgeError::OffsetOutOfRange { .. }
-            | BridgeError::MarkerTopicShared { .. }
-            | BridgeError::MarkerPartitionUnstable { .. }
-            | BridgeError::SourceTopicsMissing { .. }
-            | BridgeError::IdentityChanged(_)
-            | BridgeError::SinkTopicUnfit { .. }
-            | BridgeError::SinkConfigUnreadable(_)
-            | BridgeError::TopicAdmin(_)
-            | BridgeError::InvalidTopicPattern(_)
-            | BridgeError::ApiListen { .. }
-            | BridgeError::SavepointFile(_)
-            | BridgeError::Restore(_)
-            | BridgeError::Runtime(_)
-            | BridgeError::ShutdownIncomplete(_)
-            | BridgeError::Translate(_) => Action::Stop,
+            // Every other error needs someone to act (a grant, the configuration, the store, a
+            // restart): stopping is the safe default, and `reason()` names each kind of stop, so a
+            // new variant is classified there.
+            _ => Action::Stop,
         }
     }
 
