@@ -480,7 +480,7 @@ impl Request {
 }
 
 /// What DescribeTopics reported for one topic it found.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(crate) struct TopicDescription {
     pub(crate) partitions: i32,
     /// In Kafka's alphabet; None from a broker too old to have topic ids.

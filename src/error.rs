@@ -309,6 +309,8 @@ impl BridgeError {
                         && !t.is_fatal()
                         && (t.is_retriable() || transient_code(t.code()))
                 }
+                // rdkafka reports no code for an admin operation's error, though it carries one.
+                KafkaError::AdminOp(code) => transient_code(*code),
                 other => other.rdkafka_error_code().is_some_and(transient_code),
             },
             _ => false,
@@ -549,6 +551,13 @@ mod tests {
         };
         assert!(timed_out.is_transient());
         assert_eq!(timed_out.action(), Action::Rebuild);
+        // The permission probe's DescribeConsumerGroups on a cluster still electing its group
+        // coordinator: start-up waits that out.
+        let coordinator = BridgeError::kafka(
+            "describe group",
+            KafkaError::AdminOp(RDKafkaErrorCode::NotCoordinator),
+        );
+        assert!(coordinator.is_transient());
         assert!(timed_out.to_string().contains("markers/0"), "{timed_out}");
         for not_transient in [
             BridgeError::kafka(
