@@ -16,7 +16,7 @@
 //! docs/security.md holds the same list as a table; keep the two in step.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::ffi::{c_char, CStr, CString};
+use std::ffi::CString;
 use std::fmt;
 use std::time::Duration;
 
@@ -28,7 +28,7 @@ use rdkafka::producer::{BaseProducer, Producer};
 use thiserror::Error;
 use tokio::runtime::Handle;
 
-use crate::admin::{millis, Admin, Owned};
+use crate::admin::{self, Admin, Request, TopicDescription};
 use crate::config::{Config, Delivery, OnBadRecord, Partitioning};
 use crate::error::{is_auth, BridgeError, Result};
 use crate::sink::is_client_wide;
@@ -302,6 +302,22 @@ enum TopicAccess {
     },
 }
 
+fn topic_access(
+    described: std::result::Result<TopicDescription, RDKafkaErrorCode>,
+) -> Result<TopicAccess> {
+    Ok(match described {
+        Ok(d) => TopicAccess::Found {
+            partitions: d.partitions,
+            allowed: d.allowed,
+        },
+        Err(RDKafkaErrorCode::UnknownTopicOrPartition | RDKafkaErrorCode::UnknownTopicId) => {
+            TopicAccess::Missing
+        }
+        Err(c) if is_auth(c) => TopicAccess::Denied(c),
+        Err(other) => return Err(admin::describe_error(other)),
+    })
+}
+
 /// A topic the bridge uses, and the operations it needs there.
 struct Need {
     topic: String,
@@ -492,7 +508,10 @@ fn check_topics(
     out: &mut Probe,
 ) -> Result<BTreeMap<String, i32>> {
     let names: BTreeSet<&str> = needs.iter().map(|n| n.topic.as_str()).collect();
-    let described = describe_topics(cluster.admin.inner().inner().native_ptr(), &names, TIMEOUT)?;
+    let described = admin::describe_topics(cluster.admin.inner().inner(), &names, TIMEOUT, true)?
+        .into_iter()
+        .map(|(name, d)| Ok((name, topic_access(d)?)))
+        .collect::<Result<BTreeMap<_, _>>>()?;
     let mut partitions = BTreeMap::new();
     for need in needs {
         let topic = || Resource::Topic(need.topic.clone());
@@ -800,185 +819,50 @@ fn describe_group(cluster: &Cluster<'_>, group: &str) -> Result<RDKafkaErrorCode
     let name = CString::new(group)
         .map_err(|e| BridgeError::kafka("describe group", KafkaError::from(e)))?;
     let mut names = [name.as_ptr()];
-    let ms = millis(TIMEOUT);
     let fail = |code| BridgeError::kafka("describe group", KafkaError::AdminOp(code));
-    // SAFETY: as in `describe_topics`: `rk` is a live handle, each object created here is owned by
-    // an `Owned` guard, librdkafka copies the group name and options into its request, and the
-    // description is borrowed from the event, which outlives its use.
+    // SAFETY: `rk` is a live handle, borrowed from the admin client for this call; the request
+    // owns its options and queue, librdkafka copies the group name and options into its request,
+    // and the description is borrowed from the event, which outlives its use.
     let code = unsafe {
-        let options = Owned {
-            ptr: rd::rd_kafka_AdminOptions_new(
-                rk,
-                rd::rd_kafka_admin_op_t::RD_KAFKA_ADMIN_OP_DESCRIBECONSUMERGROUPS,
-            ),
-            destroy: rd::rd_kafka_AdminOptions_destroy,
-        };
-        let queue = Owned {
-            ptr: rd::rd_kafka_queue_new(rk),
-            destroy: rd::rd_kafka_queue_destroy,
-        };
-        if options.ptr.is_null() || queue.ptr.is_null() {
-            return Err(fail(RDKafkaErrorCode::Fail));
-        }
-        let mut errstr = [0 as c_char; 256];
-        rd::rd_kafka_AdminOptions_set_request_timeout(
-            options.ptr,
-            ms,
-            errstr.as_mut_ptr(),
-            errstr.len(),
+        let request = Request::new(
+            rk,
+            rd::rd_kafka_admin_op_t::RD_KAFKA_ADMIN_OP_DESCRIBECONSUMERGROUPS,
+            TIMEOUT,
+        )
+        .map_err(fail)?;
+        rd::rd_kafka_DescribeConsumerGroups(
+            rk,
+            names.as_mut_ptr(),
+            1,
+            request.options.ptr,
+            request.queue.ptr,
         );
-        rd::rd_kafka_DescribeConsumerGroups(rk, names.as_mut_ptr(), 1, options.ptr, queue.ptr);
-        let event = Owned {
-            ptr: rd::rd_kafka_queue_poll(queue.ptr, ms.saturating_add(1000)),
-            destroy: rd::rd_kafka_event_destroy,
-        };
-        if event.ptr.is_null() {
-            return Err(fail(RDKafkaErrorCode::OperationTimedOut));
-        }
-        let err = RDKafkaErrorCode::from(rd::rd_kafka_event_error(event.ptr));
-        if err != RDKafkaErrorCode::NoError {
-            err
-        } else {
-            let result = rd::rd_kafka_event_DescribeConsumerGroups_result(event.ptr);
-            if result.is_null() {
-                return Err(fail(RDKafkaErrorCode::Fail));
-            }
-            let mut count = 0usize;
-            let groups = rd::rd_kafka_DescribeConsumerGroups_result_groups(result, &mut count);
-            let mut code = RDKafkaErrorCode::NoError;
-            for i in 0..count {
-                let g = *groups.add(i);
-                if g.is_null() {
-                    continue;
+        match request.reply() {
+            // A timeout is no authorization failure: it is returned below as it was.
+            Err(err) => err,
+            Ok(event) => {
+                let result = rd::rd_kafka_event_DescribeConsumerGroups_result(event.ptr);
+                if result.is_null() {
+                    return Err(fail(RDKafkaErrorCode::Fail));
                 }
-                let e = rd::rd_kafka_ConsumerGroupDescription_error(g);
-                if !e.is_null() {
-                    code = RDKafkaErrorCode::from(rd::rd_kafka_error_code(e));
+                let mut count = 0usize;
+                let groups = rd::rd_kafka_DescribeConsumerGroups_result_groups(result, &mut count);
+                let mut code = RDKafkaErrorCode::NoError;
+                for i in 0..count {
+                    let g = *groups.add(i);
+                    if g.is_null() {
+                        continue;
+                    }
+                    let e = rd::rd_kafka_ConsumerGroupDescription_error(g);
+                    if !e.is_null() {
+                        code = RDKafkaErrorCode::from(rd::rd_kafka_error_code(e));
+                    }
                 }
+                code
             }
-            code
         }
     };
     Ok(code)
-}
-
-fn describe_error(code: RDKafkaErrorCode) -> BridgeError {
-    BridgeError::kafka("describe topics", KafkaError::MetadataFetch(code))
-}
-
-/// DescribeTopics with the principal's authorized operations on each topic.
-fn describe_topics(
-    rk: *mut rd::rd_kafka_t,
-    names: &BTreeSet<&str>,
-    timeout: Duration,
-) -> Result<BTreeMap<String, TopicAccess>> {
-    let mut out = BTreeMap::new();
-    if names.is_empty() {
-        return Ok(out);
-    }
-    let c_names: Vec<CString> = names
-        .iter()
-        .map(|n| CString::new(*n))
-        .collect::<std::result::Result<_, _>>()
-        .map_err(|e| BridgeError::kafka("describe topics", KafkaError::from(e)))?;
-    let mut c_ptrs: Vec<*const c_char> = c_names.iter().map(|c| c.as_ptr()).collect();
-    let ms = millis(timeout);
-    // SAFETY: as in admin::describe_topic_ids: `rk` is a live client handle, every object created
-    // here is owned by an `Owned` guard (the event's contents are borrowed from the event, which
-    // outlives their use), librdkafka copies names and options into its request, and a reply that
-    // arrives after we stopped waiting is freed with the queue.
-    unsafe {
-        let collection = Owned {
-            ptr: rd::rd_kafka_TopicCollection_of_topic_names(c_ptrs.as_mut_ptr(), c_ptrs.len()),
-            destroy: rd::rd_kafka_TopicCollection_destroy,
-        };
-        let options = Owned {
-            ptr: rd::rd_kafka_AdminOptions_new(
-                rk,
-                rd::rd_kafka_admin_op_t::RD_KAFKA_ADMIN_OP_DESCRIBETOPICS,
-            ),
-            destroy: rd::rd_kafka_AdminOptions_destroy,
-        };
-        let queue = Owned {
-            ptr: rd::rd_kafka_queue_new(rk),
-            destroy: rd::rd_kafka_queue_destroy,
-        };
-        if collection.ptr.is_null() || options.ptr.is_null() || queue.ptr.is_null() {
-            return Err(describe_error(RDKafkaErrorCode::Fail));
-        }
-        let mut errstr = [0 as c_char; 256];
-        rd::rd_kafka_AdminOptions_set_request_timeout(
-            options.ptr,
-            ms,
-            errstr.as_mut_ptr(),
-            errstr.len(),
-        );
-        let set = Owned {
-            ptr: rd::rd_kafka_AdminOptions_set_include_authorized_operations(options.ptr, 1),
-            destroy: rd::rd_kafka_error_destroy,
-        };
-        if !set.ptr.is_null() {
-            return Err(describe_error(RDKafkaErrorCode::from(
-                rd::rd_kafka_error_code(set.ptr),
-            )));
-        }
-        rd::rd_kafka_DescribeTopics(rk, collection.ptr, options.ptr, queue.ptr);
-        let event = Owned {
-            ptr: rd::rd_kafka_queue_poll(queue.ptr, ms.saturating_add(1000)),
-            destroy: rd::rd_kafka_event_destroy,
-        };
-        if event.ptr.is_null() {
-            return Err(describe_error(RDKafkaErrorCode::OperationTimedOut));
-        }
-        let err = RDKafkaErrorCode::from(rd::rd_kafka_event_error(event.ptr));
-        if err != RDKafkaErrorCode::NoError {
-            return Err(describe_error(err));
-        }
-        let result = rd::rd_kafka_event_DescribeTopics_result(event.ptr);
-        if result.is_null() {
-            return Err(describe_error(RDKafkaErrorCode::Fail));
-        }
-        let mut count = 0usize;
-        let descriptions = rd::rd_kafka_DescribeTopics_result_topics(result, &mut count);
-        for i in 0..count {
-            let d = *descriptions.add(i);
-            if d.is_null() {
-                continue;
-            }
-            let name = CStr::from_ptr(rd::rd_kafka_TopicDescription_name(d))
-                .to_string_lossy()
-                .into_owned();
-            let error = rd::rd_kafka_TopicDescription_error(d);
-            let code = if error.is_null() {
-                RDKafkaErrorCode::NoError
-            } else {
-                RDKafkaErrorCode::from(rd::rd_kafka_error_code(error))
-            };
-            let access = match code {
-                RDKafkaErrorCode::NoError => {
-                    let mut n = 0usize;
-                    rd::rd_kafka_TopicDescription_partitions(d, &mut n);
-                    let mut ops = 0usize;
-                    let list = rd::rd_kafka_TopicDescription_authorized_operations(d, &mut ops);
-                    let allowed = (0..ops)
-                        .filter(|_| !list.is_null())
-                        .map(|j| *list.add(j) as u32)
-                        .collect();
-                    TopicAccess::Found {
-                        partitions: n as i32,
-                        allowed,
-                    }
-                }
-                RDKafkaErrorCode::UnknownTopicOrPartition | RDKafkaErrorCode::UnknownTopicId => {
-                    TopicAccess::Missing
-                }
-                c if is_auth(c) => TopicAccess::Denied(c),
-                other => return Err(describe_error(other)),
-            };
-            out.insert(name, access);
-        }
-    }
-    Ok(out)
 }
 
 #[cfg(test)]

@@ -354,7 +354,7 @@ pub fn cluster_ids<C: ClientContext>(
     let topic_ids = if names.is_empty() {
         BTreeMap::new()
     } else {
-        describe_topic_ids(rk, &names, timeout)?
+        describe_topic_ids(client, &names, timeout)?
     };
     // Without a request just made, wait for metadata if none was ever received.
     let wait = if names.is_empty() {
@@ -404,70 +404,150 @@ fn cached_cluster_id(rk: *mut rd::rd_kafka_t, wait: Duration) -> Option<String> 
     }
 }
 
-fn describe_error(code: RDKafkaErrorCode) -> BridgeError {
+pub(crate) fn describe_error(code: RDKafkaErrorCode) -> BridgeError {
     // MetadataFetch carries the code, so that an authorization failure is classified as one.
     BridgeError::kafka("describe topics", KafkaError::MetadataFetch(code))
 }
 
-fn describe_topic_ids(
-    rk: *mut rd::rd_kafka_t,
+/// The options and reply queue of one librdkafka admin request, and how long to wait for it.
+pub(crate) struct Request {
+    pub(crate) options: Owned<rd::rd_kafka_AdminOptions_t>,
+    pub(crate) queue: Owned<rd::rd_kafka_queue_t>,
+    ms: c_int,
+}
+
+impl Request {
+    /// Options for a request of kind `op` that times itself out after `timeout`, and a queue of
+    /// our own for its reply.
+    ///
+    /// # Safety
+    /// `rk` must be a live client handle that outlives the request.
+    pub(crate) unsafe fn new(
+        rk: *mut rd::rd_kafka_t,
+        op: rd::rd_kafka_admin_op_t,
+        timeout: Duration,
+    ) -> std::result::Result<Request, RDKafkaErrorCode> {
+        let ms = millis(timeout);
+        // SAFETY: `rk` is live (the caller's promise); each object is owned by a guard.
+        unsafe {
+            let options = Owned {
+                ptr: rd::rd_kafka_AdminOptions_new(rk, op),
+                destroy: rd::rd_kafka_AdminOptions_destroy,
+            };
+            let queue = Owned {
+                ptr: rd::rd_kafka_queue_new(rk),
+                destroy: rd::rd_kafka_queue_destroy,
+            };
+            if options.ptr.is_null() || queue.ptr.is_null() {
+                return Err(RDKafkaErrorCode::Fail);
+            }
+            let mut errstr = [0 as c_char; 256];
+            // Only fails for a timeout out of range, which `millis` rules out.
+            rd::rd_kafka_AdminOptions_set_request_timeout(
+                options.ptr,
+                ms,
+                errstr.as_mut_ptr(),
+                errstr.len(),
+            );
+            Ok(Request { options, queue, ms })
+        }
+    }
+
+    /// The reply to the request sent with these options and queue: its event, or the code of its
+    /// error (OperationTimedOut when none came). The caller keeps the request alive while it reads
+    /// the event, whose contents are borrowed from it.
+    pub(crate) fn reply(
+        &self,
+    ) -> std::result::Result<Owned<rd::rd_kafka_event_t>, RDKafkaErrorCode> {
+        // SAFETY: the queue is live (owned by `self`); the event is owned by the guard returned.
+        // A reply that arrives after we stopped waiting is freed by librdkafka with the queue,
+        // which its request holds a reference to.
+        unsafe {
+            // The request times itself out after `ms`; the margin lets that answer arrive.
+            let event = Owned {
+                ptr: rd::rd_kafka_queue_poll(self.queue.ptr, self.ms.saturating_add(1000)),
+                destroy: rd::rd_kafka_event_destroy,
+            };
+            if event.ptr.is_null() {
+                return Err(RDKafkaErrorCode::OperationTimedOut);
+            }
+            match RDKafkaErrorCode::from(rd::rd_kafka_event_error(event.ptr)) {
+                RDKafkaErrorCode::NoError => Ok(event),
+                err => Err(err),
+            }
+        }
+    }
+}
+
+/// What DescribeTopics reported for one topic it found.
+#[derive(Debug)]
+pub(crate) struct TopicDescription {
+    pub(crate) partitions: i32,
+    /// In Kafka's alphabet; None from a broker too old to have topic ids.
+    pub(crate) id: Option<String>,
+    /// The principal's authorized operations on the topic (rd_kafka_AclOperation_t values);
+    /// empty unless asked for.
+    pub(crate) allowed: BTreeSet<u32>,
+}
+
+/// The topics' descriptions, or each one's error code (e.g. UnknownTopicOrPartition, or an
+/// authorization failure), by name; with `authorized_operations`, the principal's operations on
+/// each (KIP-430). An error of the request as a whole is an Err.
+///
+/// rdkafka 0.39 has no safe call for DescribeTopics, so this goes to librdkafka's C API directly,
+/// through rdkafka's own bindings.
+pub(crate) fn describe_topics<C: ClientContext>(
+    client: &Client<C>,
     names: &BTreeSet<&str>,
     timeout: Duration,
-) -> Result<BTreeMap<String, String>> {
+    authorized_operations: bool,
+) -> Result<TopicDescriptions> {
+    let mut out = BTreeMap::new();
+    if names.is_empty() {
+        return Ok(out);
+    }
+    let rk = client.native_ptr();
     let c_names: Vec<CString> = names
         .iter()
         .map(|n| CString::new(*n))
         .collect::<std::result::Result<_, _>>()
         .map_err(|e| BridgeError::kafka("describe topics", KafkaError::from(e)))?;
     let mut c_ptrs: Vec<*const c_char> = c_names.iter().map(|c| c.as_ptr()).collect();
-    let ms = millis(timeout);
-    let mut out = BTreeMap::new();
-    // SAFETY: `rk` is a live client handle. Every object created here is owned by an `Owned`
-    // guard (or, for the event's contents, borrowed from the event, which outlives their use).
-    // The collection copies the names, and librdkafka copies the collection and options into its
-    // request, so the CStrings need only live until DescribeTopics returns. The reply comes on a
-    // queue of our own; a reply arriving after we gave up waiting is freed by librdkafka with the
-    // queue, which its request holds a reference to.
+    // SAFETY: `rk` is a live client handle, borrowed from `client` for this call. Every object
+    // created here is owned by an `Owned` guard (or, for the event's contents, borrowed from the
+    // event, which outlives their use). The collection copies the names, and librdkafka copies the
+    // collection and options into its request, so the CStrings need only live until
+    // DescribeTopics returns.
     unsafe {
         let collection = Owned {
             ptr: rd::rd_kafka_TopicCollection_of_topic_names(c_ptrs.as_mut_ptr(), c_ptrs.len()),
             destroy: rd::rd_kafka_TopicCollection_destroy,
         };
-        let options = Owned {
-            ptr: rd::rd_kafka_AdminOptions_new(
-                rk,
-                rd::rd_kafka_admin_op_t::RD_KAFKA_ADMIN_OP_DESCRIBETOPICS,
-            ),
-            destroy: rd::rd_kafka_AdminOptions_destroy,
-        };
-        let queue = Owned {
-            ptr: rd::rd_kafka_queue_new(rk),
-            destroy: rd::rd_kafka_queue_destroy,
-        };
-        if collection.ptr.is_null() || options.ptr.is_null() || queue.ptr.is_null() {
+        if collection.ptr.is_null() {
             return Err(describe_error(RDKafkaErrorCode::Fail));
         }
-        let mut errstr = [0 as c_char; 256];
-        // Only fails for a timeout out of range, which `millis` rules out.
-        rd::rd_kafka_AdminOptions_set_request_timeout(
-            options.ptr,
-            ms,
-            errstr.as_mut_ptr(),
-            errstr.len(),
-        );
-        rd::rd_kafka_DescribeTopics(rk, collection.ptr, options.ptr, queue.ptr);
-        // The request times itself out after `ms`; the margin lets that answer arrive.
-        let event = Owned {
-            ptr: rd::rd_kafka_queue_poll(queue.ptr, ms.saturating_add(1000)),
-            destroy: rd::rd_kafka_event_destroy,
-        };
-        if event.ptr.is_null() {
-            return Err(describe_error(RDKafkaErrorCode::OperationTimedOut));
+        let request = Request::new(
+            rk,
+            rd::rd_kafka_admin_op_t::RD_KAFKA_ADMIN_OP_DESCRIBETOPICS,
+            timeout,
+        )
+        .map_err(describe_error)?;
+        if authorized_operations {
+            let set = Owned {
+                ptr: rd::rd_kafka_AdminOptions_set_include_authorized_operations(
+                    request.options.ptr,
+                    1,
+                ),
+                destroy: rd::rd_kafka_error_destroy,
+            };
+            if !set.ptr.is_null() {
+                return Err(describe_error(RDKafkaErrorCode::from(
+                    rd::rd_kafka_error_code(set.ptr),
+                )));
+            }
         }
-        let err = RDKafkaErrorCode::from(rd::rd_kafka_event_error(event.ptr));
-        if err != RDKafkaErrorCode::NoError {
-            return Err(describe_error(err));
-        }
+        rd::rd_kafka_DescribeTopics(rk, collection.ptr, request.options.ptr, request.queue.ptr);
+        let event = request.reply().map_err(describe_error)?;
         let result = rd::rd_kafka_event_DescribeTopics_result(event.ptr);
         if result.is_null() {
             return Err(describe_error(RDKafkaErrorCode::Fail));
@@ -483,28 +563,67 @@ fn describe_topic_ids(
                 .to_string_lossy()
                 .into_owned();
             let error = rd::rd_kafka_TopicDescription_error(d);
-            if !error.is_null() {
-                match RDKafkaErrorCode::from(rd::rd_kafka_error_code(error)) {
-                    RDKafkaErrorCode::NoError => {}
-                    // Not there (now): nothing to compare.
-                    RDKafkaErrorCode::UnknownTopicOrPartition
-                    | RDKafkaErrorCode::UnknownTopicId => continue,
-                    other => return Err(describe_error(other)),
-                }
+            let code = if error.is_null() {
+                RDKafkaErrorCode::NoError
+            } else {
+                RDKafkaErrorCode::from(rd::rd_kafka_error_code(error))
+            };
+            if code != RDKafkaErrorCode::NoError {
+                out.insert(name, Err(code));
+                continue;
             }
+            let mut partitions = 0usize;
+            rd::rd_kafka_TopicDescription_partitions(d, &mut partitions);
+            let mut ops = 0usize;
+            let list = rd::rd_kafka_TopicDescription_authorized_operations(d, &mut ops);
+            let allowed = (0..ops)
+                .filter(|_| !list.is_null())
+                .map(|j| *list.add(j) as u32)
+                .collect();
             let uuid = rd::rd_kafka_TopicDescription_topic_id(d);
-            if uuid.is_null()
+            // A broker too old to have topic ids answers with the zero id.
+            let id = if uuid.is_null()
                 || (rd::rd_kafka_Uuid_most_significant_bits(uuid) == 0
                     && rd::rd_kafka_Uuid_least_significant_bits(uuid) == 0)
             {
-                // A broker too old to have topic ids answers with the zero id.
-                continue;
+                None
+            } else {
+                let b64 = rd::rd_kafka_Uuid_base64str(uuid);
+                (!b64.is_null()).then(|| kafka_form(&CStr::from_ptr(b64).to_string_lossy()))
+            };
+            out.insert(
+                name,
+                Ok(TopicDescription {
+                    partitions: partitions as i32,
+                    id,
+                    allowed,
+                }),
+            );
+        }
+    }
+    Ok(out)
+}
+
+/// `describe_topics`' answer: each topic's description or error code, by name.
+pub(crate) type TopicDescriptions =
+    BTreeMap<String, std::result::Result<TopicDescription, RDKafkaErrorCode>>;
+
+fn describe_topic_ids<C: ClientContext>(
+    client: &Client<C>,
+    names: &BTreeSet<&str>,
+    timeout: Duration,
+) -> Result<BTreeMap<String, String>> {
+    let mut out = BTreeMap::new();
+    for (name, described) in describe_topics(client, names, timeout, false)? {
+        match described {
+            Ok(TopicDescription { id: Some(id), .. }) => {
+                out.insert(name, id);
             }
-            let b64 = rd::rd_kafka_Uuid_base64str(uuid);
-            if b64.is_null() {
-                continue;
+            // Not there (now), or from a broker without topic ids: nothing to compare.
+            Ok(_)
+            | Err(RDKafkaErrorCode::UnknownTopicOrPartition | RDKafkaErrorCode::UnknownTopicId) => {
             }
-            out.insert(name, kafka_form(&CStr::from_ptr(b64).to_string_lossy()));
+            Err(other) => return Err(describe_error(other)),
         }
     }
     Ok(out)

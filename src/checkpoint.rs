@@ -709,24 +709,19 @@ mod savepoint_tests {
         for id in 2..6 {
             store.put_committed(&committed(id)).unwrap();
         }
-        let ids: Vec<u64> = store
-            .load()
-            .unwrap()
-            .checkpoints
-            .iter()
-            .map(|c| c.id)
-            .collect();
-        assert_eq!(ids, vec![1, 4, 5]);
+        let ids = || -> Vec<u64> {
+            store
+                .load()
+                .unwrap()
+                .checkpoints
+                .iter()
+                .map(|c| c.id)
+                .collect()
+        };
+        assert_eq!(ids(), vec![1, 4, 5]);
         store.set_savepoint(1, None).unwrap();
-        let ids: Vec<u64> = store
-            .load()
-            .unwrap()
-            .checkpoints
-            .iter()
-            .map(|c| c.id)
-            .collect();
         assert_eq!(
-            ids,
+            ids(),
             vec![4, 5],
             "an unnamed savepoint is pruned like any checkpoint"
         );
@@ -1140,46 +1135,31 @@ mod tests {
             )
     }
 
-    fn arb_checkpoint() -> impl Strategy<Value = Checkpoint> {
-        let positions = prop::collection::vec((any::<String>(), any::<i32>(), any::<i64>()), 0..12)
-            .prop_map(|v| v.into_iter().collect::<Positions>());
-        let state = prop_oneof![Just(Pending), Just(Committed)];
-        (
-            any::<u64>(),
-            any::<String>(),
-            any::<u32>(),
-            any::<u32>(),
-            state,
-            positions,
-            any::<i64>(),
-            any::<Option<String>>(),
-            prop::option::of(arb_identity()),
-        )
-            .prop_map(
-                |(
-                    id,
-                    bridge_id,
-                    instance,
-                    instances,
-                    state,
-                    positions,
-                    created_ms,
-                    savepoint,
-                    identity,
-                )| {
-                    Checkpoint {
-                        id,
-                        bridge_id,
-                        instance,
-                        instances,
-                        state,
-                        positions,
-                        created_ms,
-                        savepoint,
-                        identity,
-                    }
-                },
-            )
+    prop_compose! {
+        fn arb_checkpoint()(
+            id in any::<u64>(),
+            bridge_id in any::<String>(),
+            instance in any::<u32>(),
+            instances in any::<u32>(),
+            state in prop_oneof![Just(Pending), Just(Committed)],
+            positions in prop::collection::vec((any::<String>(), any::<i32>(), any::<i64>()), 0..12)
+                .prop_map(|v| v.into_iter().collect::<Positions>()),
+            created_ms in any::<i64>(),
+            savepoint in any::<Option<String>>(),
+            identity in prop::option::of(arb_identity()),
+        ) -> Checkpoint {
+            Checkpoint {
+                id,
+                bridge_id,
+                instance,
+                instances,
+                state,
+                positions,
+                created_ms,
+                savepoint,
+                identity,
+            }
+        }
     }
 
     proptest! {

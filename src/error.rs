@@ -291,32 +291,10 @@ impl BridgeError {
             }
             BridgeError::MarkerRead { .. } => Action::Rebuild,
             BridgeError::SourceTopicsUnavailable { .. } => Action::Retry,
-            BridgeError::Fenced { .. }
-            | BridgeError::Unauthorized { .. }
-            | BridgeError::MissingPermissions(_)
-            | BridgeError::Authentication { .. }
-            | BridgeError::Tls { .. }
-            | BridgeError::Unreachable { .. }
-            | BridgeError::Config(_)
-            | BridgeError::Store(_)
-            | BridgeError::Recovery(_)
-            | BridgeError::LayoutSuperseded(_)
-            | BridgeError::PoisonRecord(_)
-            | BridgeError::OffsetOutOfRange { .. }
-            | BridgeError::MarkerTopicShared { .. }
-            | BridgeError::MarkerPartitionUnstable { .. }
-            | BridgeError::SourceTopicsMissing { .. }
-            | BridgeError::IdentityChanged(_)
-            | BridgeError::SinkTopicUnfit { .. }
-            | BridgeError::SinkConfigUnreadable(_)
-            | BridgeError::TopicAdmin(_)
-            | BridgeError::InvalidTopicPattern(_)
-            | BridgeError::ApiListen { .. }
-            | BridgeError::SavepointFile(_)
-            | BridgeError::Restore(_)
-            | BridgeError::Runtime(_)
-            | BridgeError::ShutdownIncomplete(_)
-            | BridgeError::Translate(_) => Action::Stop,
+            // Every other error needs someone to act (a grant, the configuration, the store, a
+            // restart): stopping is the safe default, and `reason()` names each kind of stop, so a
+            // new variant is classified there.
+            _ => Action::Stop,
         }
     }
 
@@ -331,6 +309,8 @@ impl BridgeError {
                         && !t.is_fatal()
                         && (t.is_retriable() || transient_code(t.code()))
                 }
+                // rdkafka reports no code for an admin operation's error, though it carries one.
+                KafkaError::AdminOp(code) => transient_code(*code),
                 other => other.rdkafka_error_code().is_some_and(transient_code),
             },
             _ => false,
@@ -571,6 +551,13 @@ mod tests {
         };
         assert!(timed_out.is_transient());
         assert_eq!(timed_out.action(), Action::Rebuild);
+        // The permission probe's DescribeConsumerGroups on a cluster still electing its group
+        // coordinator: start-up waits that out.
+        let coordinator = BridgeError::kafka(
+            "describe group",
+            KafkaError::AdminOp(RDKafkaErrorCode::NotCoordinator),
+        );
+        assert!(coordinator.is_transient());
         assert!(timed_out.to_string().contains("markers/0"), "{timed_out}");
         for not_transient in [
             BridgeError::kafka(

@@ -14,17 +14,7 @@ use common::*;
 
 /// The topic id Kafka's TopicCommand prints for `topic`.
 fn kafka_topic_id(bootstrap: &str, topic: &str) -> Option<String> {
-    let out = kafka_tool(
-        "TopicCommand",
-        &[
-            "--bootstrap-server",
-            bootstrap,
-            "--describe",
-            "--topic",
-            topic,
-        ],
-    );
-    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    let text = describe_topic(bootstrap, topic);
     text.split_whitespace()
         .skip_while(|w| *w != "TopicId:")
         .nth(1)

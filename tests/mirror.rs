@@ -147,35 +147,13 @@ struct Full {
 /// Reads a whole topic with Kafka's console consumer, read_committed, showing null values as
 /// [`NULL`]; records per partition in offset order.
 fn consume_full(bootstrap: &str, topic: &str) -> BTreeMap<i32, Vec<Full>> {
-    let out = Command::new(kafka_script())
-        .args([
-            "tool",
-            "ConsoleConsumer",
-            "--bootstrap-server",
-            bootstrap,
-            "--topic",
-            topic,
-            "--from-beginning",
-            "--isolation-level",
-            "read_committed",
-            // Idle time before it gives up: a loaded machine needs more than 4 s to even start.
-            "--timeout-ms",
-            "8000",
-        ])
-        .args([
-            "--property",
-            "print.partition=true",
-            "--property",
-            "print.offset=true",
-            "--property",
-            "print.headers=true",
-            "--property",
-            "print.key=true",
-            "--property",
-            "key.separator=|",
-            "--property",
-            &format!("null.literal={NULL}"),
-        ])
+    let null = format!("null.literal={NULL}");
+    let mut properties = PRINT_RECORD.to_vec();
+    properties.extend(["print.headers=true", &null]);
+    let mut args = console_read_args(topic, "read_committed", &properties);
+    // Idle time before it gives up: a loaded machine needs more than 4 s to even start.
+    args.extend(["--from-beginning", "--timeout-ms", "8000"].map(String::from));
+    let out = console_command(bootstrap, &args)
         .stderr(Stdio::null())
         .output()
         .expect("console consumer runs");
@@ -208,17 +186,7 @@ fn consume_full(bootstrap: &str, topic: &str) -> BTreeMap<i32, Vec<Full>> {
 /// Partition count, replication factor and the non-default configs of a topic, as Kafka's
 /// TopicCommand describes them.
 fn describe(bootstrap: &str, topic: &str) -> (i32, i32, BTreeMap<String, String>) {
-    let out = kafka_tool(
-        "TopicCommand",
-        &[
-            "--bootstrap-server",
-            bootstrap,
-            "--describe",
-            "--topic",
-            topic,
-        ],
-    );
-    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    let text = describe_topic(bootstrap, topic);
     let head = text
         .lines()
         .find(|l| l.contains("PartitionCount:"))

@@ -118,35 +118,20 @@ fn console_group(
     from_beginning: bool,
     max: Option<usize>,
 ) -> Vec<Seen> {
-    let mut args: Vec<String> = [
-        "tool",
-        "ConsoleConsumer",
-        "--bootstrap-server",
-        bootstrap,
-        "--topic",
-        topic,
-        "--group",
-        group,
-        "--isolation-level",
-        "read_committed",
-        "--timeout-ms",
-        // It counts the group join too, which takes seconds on a busy machine; a read of at most
-        // `max` records returns as soon as it has them.
-        if max.is_some() { "20000" } else { "10000" },
-        "--consumer-property",
-        "max.poll.records=1",
-        "--property",
-        "print.partition=true",
-        "--property",
-        "print.offset=true",
-        "--property",
-        "print.key=true",
-        "--property",
-        "key.separator=|",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
+    let mut args = console_read_args(topic, "read_committed", &PRINT_RECORD);
+    args.extend(
+        [
+            "--group",
+            group,
+            "--timeout-ms",
+            // It counts the group join too, which takes seconds on a busy machine; a read of at
+            // most `max` records returns as soon as it has them.
+            if max.is_some() { "20000" } else { "10000" },
+            "--consumer-property",
+            "max.poll.records=1",
+        ]
+        .map(String::from),
+    );
     if from_beginning {
         args.push("--from-beginning".into());
     }
@@ -154,8 +139,7 @@ fn console_group(
         args.push("--max-messages".into());
         args.push(n.to_string());
     }
-    let out = Command::new(kafka_script())
-        .args(&args)
+    let out = console_command(bootstrap, &args)
         .output()
         .expect("console consumer runs");
     parse_console_lines(&String::from_utf8_lossy(&out.stdout))

@@ -13,14 +13,6 @@ use common::bridge::*;
 use common::scenario::*;
 use common::*;
 
-fn agent() -> ureq::Agent {
-    ureq::Agent::config_builder()
-        .http_status_as_error(false)
-        .timeout_global(Some(Duration::from_secs(30)))
-        .build()
-        .into()
-}
-
 fn send(
     method: &str,
     bridge: &Bridge,
@@ -29,7 +21,7 @@ fn send(
     body: Option<&str>,
 ) -> (u16, String) {
     let url = format!("http://127.0.0.1:{}{path}", bridge.port);
-    let a = agent();
+    let a = http_agent();
     let mut resp = match method {
         "POST" => {
             let mut req = a.post(&url).header("Content-Type", "application/json");

@@ -98,14 +98,6 @@ fn exactly_once(bootstrap: &str, source_topic: &str, sink_topic: &str) -> usize 
     sink_records.len()
 }
 
-fn agent() -> ureq::Agent {
-    ureq::Agent::config_builder()
-        .http_status_as_error(false)
-        .timeout_global(Some(Duration::from_secs(30)))
-        .build()
-        .into()
-}
-
 #[test]
 fn secrets_from_a_file_and_the_environment_never_appear_in_any_output() {
     let _serial = serial();
@@ -159,7 +151,7 @@ fn secrets_from_a_file_and_the_environment_never_appear_in_any_output() {
     // The token came from ${env:...}: the admin endpoint takes it, and refuses a wrong one.
     let url = format!("http://127.0.0.1:{port}/api/v1/savepoints");
     let post = |token: &str| {
-        let mut resp = agent()
+        let mut resp = http_agent()
             .post(&url)
             .header("Content-Type", "application/json")
             .header("Authorization", &format!("Bearer {token}"))
@@ -474,7 +466,7 @@ fn the_api_serves_https_and_the_admin_token_works_over_it() {
 
     // Plain HTTP on the same port gets no HTTP answer; nor does a client that does not trust the
     // certificate.
-    let plain = agent()
+    let plain = http_agent()
         .get(&format!("http://127.0.0.1:{port}/health/live"))
         .call();
     assert!(
@@ -482,7 +474,7 @@ fn the_api_serves_https_and_the_admin_token_works_over_it() {
         "plain HTTP answered: {:?}",
         plain.map(|r| r.status())
     );
-    let untrusted = agent().get(&format!("{base}/health/live")).call();
+    let untrusted = http_agent().get(&format!("{base}/health/live")).call();
     assert!(untrusted.is_err(), "a client without the CA was answered");
     // The server is still up after the refused connections.
     assert_eq!(get("/health/live").map(|r| r.0), Some(200));

@@ -247,16 +247,12 @@ pub fn console_consume(
     idle: Duration,
 ) -> Vec<Seen> {
     let read = |idle| {
-        let out = Command::new(kafka_script())
-            .args(console_args(
-                bootstrap,
-                topic,
-                read_committed,
-                idle,
-                &PRINT_RECORD,
-            ))
-            .output()
-            .expect("scripts/kafka tool runs");
+        let out = console_command(
+            bootstrap,
+            &console_args(topic, read_committed, idle, &PRINT_RECORD),
+        )
+        .output()
+        .expect("scripts/kafka tool runs");
         // The console consumer exits non-zero when its idle timeout fires; its output is what
         // counts.
         parse_console_lines(&String::from_utf8_lossy(&out.stdout))
@@ -277,8 +273,7 @@ pub fn spawn_console_consumer(
     idle: Duration,
     out: &Path,
 ) -> std::process::Child {
-    Command::new(kafka_script())
-        .args(console_args(bootstrap, topic, true, idle, &PRINT_RECORD))
+    console_command(bootstrap, &console_args(topic, true, idle, &PRINT_RECORD))
         .stdout(std::fs::File::create(out).expect("reader output file"))
         .stderr(Stdio::null())
         .spawn()
@@ -286,16 +281,38 @@ pub fn spawn_console_consumer(
 }
 
 /// What the console consumer prints of each record by default: `Partition:P|Offset:O|KEY|VALUE`.
-const PRINT_RECORD: [&str; 4] = [
+pub const PRINT_RECORD: [&str; 4] = [
     "print.partition=true",
     "print.offset=true",
     "print.key=true",
     "key.separator=|",
 ];
 
-/// scripts/kafka arguments for the console consumer with formatter `properties`.
+/// Kafka's console consumer (through scripts/kafka) on `bootstrap`, with `args`.
+pub fn console_command(bootstrap: &str, args: &[String]) -> Command {
+    let mut cmd = Command::new(kafka_script());
+    cmd.args(["tool", "ConsoleConsumer", "--bootstrap-server", bootstrap])
+        .args(args);
+    cmd
+}
+
+/// The console consumer's arguments to read `topic` with `isolation` ("read_committed"), printing
+/// each record with formatter `properties`; the caller adds where to start and when to stop.
+pub fn console_read_args(topic: &str, isolation: &str, properties: &[&str]) -> Vec<String> {
+    let mut args: Vec<String> = vec![
+        "--topic".into(),
+        topic.into(),
+        "--isolation-level".into(),
+        isolation.into(),
+    ];
+    for p in properties {
+        args.extend(["--property".to_string(), p.to_string()]);
+    }
+    args
+}
+
+/// The console consumer's arguments to read all of `topic` until idle for `idle`.
 fn console_args(
-    bootstrap: &str,
     topic: &str,
     read_committed: bool,
     idle: Duration,
@@ -306,27 +323,37 @@ fn console_args(
     } else {
         "read_uncommitted"
     };
-    let idle_ms = idle.as_millis().to_string();
-    let mut args: Vec<String> = [
-        "tool",
-        "ConsoleConsumer",
-        "--bootstrap-server",
-        bootstrap,
-        "--topic",
-        topic,
-        "--from-beginning",
-        "--isolation-level",
-        isolation,
-        "--timeout-ms",
-        &idle_ms,
-    ]
-    .iter()
-    .map(|a| a.to_string())
-    .collect();
-    for p in properties {
-        args.extend(["--property".to_string(), p.to_string()]);
-    }
+    let mut args = console_read_args(topic, isolation, properties);
+    args.extend([
+        "--from-beginning".to_string(),
+        "--timeout-ms".to_string(),
+        idle.as_millis().to_string(),
+    ]);
     args
+}
+
+/// What Kafka's TopicCommand prints describing `topic`.
+pub fn describe_topic(bootstrap: &str, topic: &str) -> String {
+    let out = kafka_tool(
+        "TopicCommand",
+        &[
+            "--bootstrap-server",
+            bootstrap,
+            "--describe",
+            "--topic",
+            topic,
+        ],
+    );
+    String::from_utf8_lossy(&out.stdout).to_string()
+}
+
+/// An HTTP client for the bridge's API that returns error statuses as responses.
+pub fn http_agent() -> ureq::Agent {
+    ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .timeout_global(Some(Duration::from_secs(30)))
+        .build()
+        .into()
 }
 
 /// The record lines the read_committed console consumer prints with formatter `properties` (such
@@ -337,8 +364,7 @@ pub fn console_lines(
     idle: Duration,
     properties: &[&str],
 ) -> Vec<String> {
-    let out = Command::new(kafka_script())
-        .args(console_args(bootstrap, topic, true, idle, properties))
+    let out = console_command(bootstrap, &console_args(topic, true, idle, properties))
         .output()
         .expect("scripts/kafka tool runs");
     String::from_utf8_lossy(&out.stdout)

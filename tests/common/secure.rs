@@ -272,21 +272,9 @@ impl SecureBroker {
     /// it (until idle for 8 s), or the first `count` records (at most 60 s).
     pub fn consume_committed(&self, topic: &str, count: Option<usize>) -> Vec<Seen> {
         let max = count.map(|c| c.to_string());
-        let mut args = vec![
-            "--topic",
-            topic,
-            "--from-beginning",
-            "--isolation-level",
-            "read_committed",
-            "--property",
-            "print.partition=true",
-            "--property",
-            "print.offset=true",
-            "--property",
-            "print.key=true",
-            "--property",
-            "key.separator=|",
-        ];
+        let read = console_read_args(topic, "read_committed", &PRINT_RECORD);
+        let mut args: Vec<&str> = read.iter().map(String::as_str).collect();
+        args.push("--from-beginning");
         // The idle timeout is the time between two records: on a loaded machine a TLS consumer can
         // pause for seconds between partitions, so the known count ends the read when there is one.
         match &max {
