@@ -684,9 +684,16 @@ fn check_transactional_ids(cluster: &Cluster<'_>, cfg: &Config, out: &mut Probe)
     let producer: BaseProducer = cc
         .set("bootstrap.servers", cluster.bootstrap)
         .set("transactional.id", &id)
+        // The probe opens no transaction: a short timeout keeps a transaction.timeout above the
+        // broker's maximum for the timeout rule to report (a configuration error, exit 2), rather
+        // than failing here.
         .set(
             "transaction.timeout.ms",
-            cfg.transaction.timeout.as_millis().to_string(),
+            cfg.transaction
+                .timeout
+                .min(Duration::from_secs(60))
+                .as_millis()
+                .to_string(),
         )
         .create()
         .map_err(|e| BridgeError::kafka("create probe producer", e))?;
