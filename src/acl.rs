@@ -254,10 +254,7 @@ pub(crate) fn probe_transactional_id(bridge_id: &str) -> String {
 }
 
 fn props(kafka: &crate::config::KafkaProps) -> Vec<(String, String)> {
-    kafka
-        .iter()
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .collect()
+    kafka.pairs()
 }
 
 /// One cluster the probe talks to.

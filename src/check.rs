@@ -13,11 +13,7 @@ use crate::source::Source;
 
 /// The `[sink.kafka]` settings as librdkafka takes them.
 pub(crate) fn sink_kafka(cfg: &Config) -> Vec<(String, String)> {
-    cfg.sink
-        .kafka
-        .iter()
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .collect()
+    cfg.sink.kafka.pairs()
 }
 
 /// The admin client of the sink cluster, with the client-wide settings of `[sink.kafka]`.
@@ -218,12 +214,7 @@ fn sink_topics(
     if topics.is_empty() {
         return out;
     }
-    let kafka: Vec<(String, String)> = cfg
-        .source
-        .kafka
-        .iter()
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .collect();
+    let kafka = cfg.source.kafka.pairs();
     let source_admin = match Admin::new(&cfg.source.bootstrap_servers, &kafka) {
         Ok(a) => a,
         Err(e) => {

@@ -689,6 +689,13 @@ impl KafkaProps {
         self.0.iter_mut().map(|(k, v)| (k.as_str(), v))
     }
 
+    /// The properties as librdkafka's clients take them.
+    pub(crate) fn pairs(&self) -> Vec<(String, String)> {
+        self.iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
     pub fn get(&self, key: &str) -> Option<&str> {
         self.0.get(key).map(String::as_str)
     }

@@ -251,11 +251,7 @@ pub(crate) const PROBE_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Probes the source and the sink cluster as configured; the problems found, source first.
 pub(crate) fn probe_config(cfg: &Config) -> Vec<Problem> {
-    let pairs = |k: &crate::config::KafkaProps| -> Vec<(String, String)> {
-        k.iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect()
-    };
+    let pairs = crate::config::KafkaProps::pairs;
     [
         (
             Cluster::Source,

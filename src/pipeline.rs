@@ -478,14 +478,7 @@ impl<'a> Pipeline<'a> {
         let admin = check::sink_admin(&cfg)?;
         let protocol = Protocol::from(cfg.bridge.delivery);
         let exactly_once = protocol.recovers_from_markers();
-        let source_admin = Admin::new(
-            &cfg.source.bootstrap_servers,
-            &cfg.source
-                .kafka
-                .iter()
-                .map(|(k, v)| (k.to_string(), v.to_string()))
-                .collect::<Vec<_>>(),
-        )?;
+        let source_admin = Admin::new(&cfg.source.bootstrap_servers, &cfg.source.kafka.pairs())?;
 
         let transient = |e: &BridgeError| e.is_transient();
 

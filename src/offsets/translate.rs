@@ -95,10 +95,7 @@ fn client(bootstrap: &str, kafka: &[(String, String)], group: &str) -> ClientCon
 }
 
 fn props(kafka: &crate::config::KafkaProps) -> Vec<(String, String)> {
-    kafka
-        .iter()
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .collect()
+    kafka.pairs()
 }
 
 /// Why `key` partitioning has no exact translation (docs/design.md, "Offset translation").
