@@ -12,6 +12,7 @@
 //! other output.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::Receiver;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -20,7 +21,7 @@ use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{Header, Headers, Message, OwnedHeaders, OwnedMessage};
 use tokio::runtime::Handle;
 use tokio_util::sync::CancellationToken;
-use tracing::{error, info, warn};
+use tracing::{debug, error, info, warn};
 
 use crate::admin::Admin;
 use crate::check;
@@ -420,7 +421,11 @@ struct Pipeline<'a> {
     restore: Option<Restore>,
     /// A savepoint request waiting for the checkpoint that will carry its name.
     savepoint: Option<SavepointRequest>,
-    source: Source,
+    /// Shared with the thread that reads on while a checkpoint completes.
+    source: Arc<Source>,
+    /// P(N) moved past transaction markers, taken at the barrier, before reading on moves the
+    /// consumer further (`Source::positions_past_markers`); for the offset mapping and monitor.
+    read_to: Option<Positions>,
     sink: Sink,
     router: Router,
     topics: BTreeMap<String, i32>,
@@ -612,7 +617,8 @@ impl<'a> Pipeline<'a> {
             commands,
             restore,
             savepoint: None,
-            source,
+            source: Arc::new(source),
+            read_to: None,
             sink,
             router,
             topics: BTreeMap::new(),
@@ -723,6 +729,8 @@ impl<'a> Pipeline<'a> {
                 Ok(()) => {
                     self.failures_in_row = 0;
                     if self.shutdown_requested() {
+                        // Its committed mark is not fsynced on the data path (mark_committed).
+                        self.store.sync()?;
                         info!(
                             checkpoint = self.last_id,
                             "final checkpoint committed; stopping"
@@ -823,6 +831,8 @@ impl<'a> Pipeline<'a> {
         // Barrier: P(N) = the positions read.
         let barrier = Instant::now();
         self.last_barrier = barrier;
+        self.read_to = (self.offsets.is_some() || self.monitor.is_some())
+            .then(|| self.source.positions_past_markers(&read.positions));
         self.shared
             .metrics
             .epochs_ended
@@ -979,12 +989,33 @@ impl<'a> Pipeline<'a> {
         let store = self.store.clone();
         let protocol = self.protocol;
         let mut progress = Progress::default();
-        let mut output = EpochOutput {
-            p: self,
-            id: c.id,
-            held,
+        // Reading goes on into a buffer bounded by the in-flight limit (what the next epoch may
+        // send at once); at shutdown there is no next epoch.
+        let source = Arc::clone(&self.source);
+        let ahead_bytes = if self.shutdown_requested() {
+            0
+        } else {
+            self.in_flight.bytes()
         };
-        let result = protocol.complete(&mut output, &*store, c, deadline, &mut progress);
+        let stop = AtomicBool::new(false);
+        let result = std::thread::scope(|scope| {
+            if ahead_bytes > 0 {
+                let spawned = std::thread::Builder::new()
+                    .name("eos-bridge-ahead".into())
+                    .spawn_scoped(scope, || source.read_ahead(&stop, ahead_bytes));
+                if let Err(e) = spawned {
+                    warn!(error = %e, "could not start reading on during the checkpoint");
+                }
+            }
+            let mut output = EpochOutput {
+                p: self,
+                id: c.id,
+                held,
+            };
+            let result = protocol.complete(&mut output, &*store, c, deadline, &mut progress);
+            stop.store(true, Ordering::Release);
+            result
+        });
         self.pending = progress.pending;
         if progress.checkpointed_ahead {
             self.committed = c.positions.clone();
@@ -996,6 +1027,16 @@ impl<'a> Pipeline<'a> {
                 .commit_duration
                 .observe(took.as_secs_f64());
         }
+        let ms = |d: Option<Duration>| d.map_or(0.0, |d| d.as_secs_f64() * 1e3);
+        debug!(
+            checkpoint = c.id,
+            flush_ms = ms(progress.flush_took),
+            store_ms = ms(progress.store_took),
+            commit_ms = ms(progress.commit_took),
+            read_ahead = self.source.read_ahead_records(),
+            ok = result.is_ok(),
+            "checkpoint completed"
+        );
         result
     }
 
@@ -1011,7 +1052,7 @@ impl<'a> Pipeline<'a> {
             t.committed(m);
         }
         if let Some(m) = &self.monitor {
-            m.committed(self.source.positions_past_markers(&c.positions));
+            m.committed(self.read_to.take().unwrap_or_else(|| c.positions.clone()));
         }
         if let Some((name, stop, reply)) = self.savepoint.take() {
             let sp = Savepoint::from_checkpoint(&c);
@@ -1082,7 +1123,7 @@ impl<'a> Pipeline<'a> {
         };
         let writer = self.sink.settings().marker_key.clone();
         let cfg = &self.cfg;
-        let read_to = self.source.positions_past_markers(current);
+        let read_to = self.read_to.clone().unwrap_or_else(|| current.clone());
         let built = tracker.build(
             &writer,
             id,

@@ -859,6 +859,13 @@ impl Sink {
             self.state = TxnState::Ready;
             return Ok(());
         }
+        // What was queued after the flush (the offset mapping) is delivered by our own wait:
+        // commit_transaction's internal flush, with rdkafka's polling thread taking the delivery
+        // reports, sleeps until that thread's next poll (measured: commit p50 103 ms with one
+        // mapping record outstanding, a few ms without).
+        if self.producer.in_flight_count() > 0 {
+            self.flush(deadline.saturating_duration_since(Instant::now()))?;
+        }
         let mut attempt = 0;
         loop {
             let left = deadline

@@ -4,15 +4,21 @@
 //!
 //! Which partitions an instance owns follows from the topic name, the partition number and
 //! `instance` of `instances` alone, so it is stable across restarts and unaffected by other topics.
+//!
+//! While a checkpoint completes, reading goes on (`read_ahead`, docs/design.md "Reading on during
+//! a checkpoint"): records are taken into a bounded buffer that the next epoch consumes before it
+//! polls again. Any (re)assignment drops the buffer, since it moves the consumer back to the
+//! positions given, and those are never past a buffered record.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 use std::time::Duration;
 
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext};
-use rdkafka::error::{KafkaResult, RDKafkaErrorCode};
-use rdkafka::message::BorrowedMessage;
+use rdkafka::error::{KafkaError, KafkaResult, RDKafkaErrorCode};
+use rdkafka::message::{BorrowedHeaders, BorrowedMessage, Message, OwnedMessage, Timestamp};
 use rdkafka::statistics::Statistics;
 use rdkafka::{ClientContext, Offset, TopicPartitionList};
 use regex::Regex;
@@ -37,7 +43,7 @@ pub(crate) struct SourceContext {
 }
 
 impl ClientContext for SourceContext {
-    fn error(&self, error: rdkafka::error::KafkaError, reason: &str) {
+    fn error(&self, error: KafkaError, reason: &str) {
         crate::connectivity::on_error(crate::connectivity::Cluster::Source, &error, reason);
     }
 
@@ -127,11 +133,105 @@ impl Selection {
     }
 }
 
+fn record_bytes(m: &OwnedMessage) -> u64 {
+    (m.key().map_or(0, <[u8]>::len) + m.payload().map_or(0, <[u8]>::len)) as u64
+}
+
 pub(crate) struct Source {
     consumer: BaseConsumer<SourceContext>,
     selection: Selection,
     instance: u32,
     instances: u32,
+    ahead: Mutex<Ahead>,
+}
+
+/// Records read while a checkpoint completed, in the order polled, and the error that ended the
+/// reading, if one did: it is handed on after the records before it.
+#[derive(Default)]
+struct Ahead {
+    records: VecDeque<OwnedMessage>,
+    bytes: u64,
+    error: Option<KafkaError>,
+}
+
+/// How long one poll of the reading-ahead thread waits: a stop request is seen within it, and
+/// that wait is on the checkpoint's critical path.
+const READ_AHEAD_POLL: Duration = Duration::from_millis(1);
+
+/// A record as the pipeline reads it: polled now, or polled ahead during the last checkpoint.
+pub(crate) enum Polled<'a> {
+    Now(BorrowedMessage<'a>),
+    Ahead(OwnedMessage),
+}
+
+impl Polled<'_> {
+    pub(crate) fn key_len(&self) -> usize {
+        self.key().map_or(0, <[u8]>::len)
+    }
+    pub(crate) fn payload_len(&self) -> usize {
+        self.payload().map_or(0, <[u8]>::len)
+    }
+    /// The record as an owned copy (held records, at-most-once).
+    pub(crate) fn detach(self) -> OwnedMessage {
+        match self {
+            Polled::Now(m) => m.detach(),
+            Polled::Ahead(m) => m,
+        }
+    }
+}
+
+impl Message for Polled<'_> {
+    type Headers = BorrowedHeaders;
+
+    fn key(&self) -> Option<&[u8]> {
+        match self {
+            Polled::Now(m) => m.key(),
+            Polled::Ahead(m) => m.key(),
+        }
+    }
+    fn payload(&self) -> Option<&[u8]> {
+        match self {
+            Polled::Now(m) => m.payload(),
+            Polled::Ahead(m) => m.payload(),
+        }
+    }
+    unsafe fn payload_mut(&mut self) -> Option<&mut [u8]> {
+        match self {
+            // SAFETY: forwarded; the caller upholds the trait's contract.
+            Polled::Now(m) => unsafe { m.payload_mut() },
+            Polled::Ahead(m) => unsafe { m.payload_mut() },
+        }
+    }
+    fn topic(&self) -> &str {
+        match self {
+            Polled::Now(m) => m.topic(),
+            Polled::Ahead(m) => m.topic(),
+        }
+    }
+    fn partition(&self) -> i32 {
+        match self {
+            Polled::Now(m) => m.partition(),
+            Polled::Ahead(m) => m.partition(),
+        }
+    }
+    fn offset(&self) -> i64 {
+        match self {
+            Polled::Now(m) => m.offset(),
+            Polled::Ahead(m) => m.offset(),
+        }
+    }
+    fn timestamp(&self) -> Timestamp {
+        match self {
+            Polled::Now(m) => m.timestamp(),
+            Polled::Ahead(m) => m.timestamp(),
+        }
+    }
+    fn headers(&self) -> Option<&BorrowedHeaders> {
+        match self {
+            Polled::Now(m) => m.headers(),
+            Polled::Ahead(m) => m.headers().map(|h| h.as_borrowed()),
+        }
+    }
 }
 
 impl Source {
@@ -161,6 +261,7 @@ impl Source {
             selection: Selection::new(cfg)?,
             instance: cfg.bridge.instance,
             instances: cfg.bridge.instances,
+            ahead: Mutex::default(),
         })
     }
 
@@ -264,6 +365,7 @@ impl Source {
     /// Assigns exactly these partitions at these positions; also the way to rewind, since a new
     /// assignment drops whatever was prefetched.
     pub(crate) fn assign(&self, positions: &Positions) -> Result<()> {
+        *self.lock_ahead() = Ahead::default();
         let mut tpl = TopicPartitionList::new();
         for (t, p, o) in positions.iter() {
             tpl.add_partition_offset(t, p, Offset::Offset(o))
@@ -274,8 +376,52 @@ impl Source {
             .map_err(|e| BridgeError::kafka("assign", e))
     }
 
-    pub(crate) fn poll(&self, timeout: Duration) -> Option<KafkaResult<BorrowedMessage<'_>>> {
-        self.consumer.poll(timeout)
+    /// The next record: first those read ahead, then the consumer's.
+    pub(crate) fn poll(&self, timeout: Duration) -> Option<KafkaResult<Polled<'_>>> {
+        {
+            let mut ahead = self.lock_ahead();
+            if let Some(m) = ahead.records.pop_front() {
+                ahead.bytes -= record_bytes(&m);
+                return Some(Ok(Polled::Ahead(m)));
+            }
+            if let Some(e) = ahead.error.take() {
+                return Some(Err(e));
+            }
+        }
+        self.consumer.poll(timeout).map(|r| r.map(Polled::Now))
+    }
+
+    /// Reads into the buffer until `stop` is set, `max_bytes` are buffered, or the consumer
+    /// reports an error; runs on a thread of its own while the checkpoint completes.
+    pub(crate) fn read_ahead(&self, stop: &AtomicBool, max_bytes: u64) {
+        while !stop.load(Ordering::Acquire) {
+            if self.lock_ahead().bytes >= max_bytes {
+                return;
+            }
+            match self.consumer.poll(READ_AHEAD_POLL) {
+                None => {}
+                Some(Ok(m)) => {
+                    let m = m.detach();
+                    let mut ahead = self.lock_ahead();
+                    ahead.bytes += record_bytes(&m);
+                    ahead.records.push_back(m);
+                }
+                Some(Err(e)) => {
+                    self.lock_ahead().error = Some(e);
+                    return;
+                }
+            }
+        }
+    }
+
+    /// How many records are buffered (read ahead, not yet taken).
+    pub(crate) fn read_ahead_records(&self) -> usize {
+        self.lock_ahead().records.len()
+    }
+
+    fn lock_ahead(&self) -> std::sync::MutexGuard<'_, Ahead> {
+        // A buffer of records and a count: consistent after any panic.
+        self.ahead.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// `positions` (what the epoch read, record offset + 1), each moved to the consumer's position

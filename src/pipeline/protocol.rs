@@ -63,6 +63,10 @@ pub(crate) struct Progress {
     pub checkpointed_ahead: bool,
     /// How long the transaction's commit took.
     pub commit_took: Option<Duration>,
+    /// How long the flush and the durable pending write took (exactly-once), for the log line
+    /// that says where a checkpoint's time went.
+    pub flush_took: Option<Duration>,
+    pub store_took: Option<Duration>,
 }
 
 /// One delivery mode's protocol, named as `bridge.delivery` names the modes.
@@ -137,13 +141,17 @@ impl Protocol {
             Protocol::ExactlyOnce => {
                 sink.send_marker(&marker_of(c))?;
                 failpoint::hit("after-marker");
+                let t = Instant::now();
                 sink.flush(deadline)?;
+                progress.flush_took = Some(t.elapsed());
                 failpoint::hit("after-flush");
                 sink.send_offset_mapping(c)?;
+                let t = Instant::now();
                 store.write_pending(&Checkpoint {
                     state: CheckpointState::Pending,
                     ..c.clone()
                 })?;
+                progress.store_took = Some(t.elapsed());
                 progress.pending = Some(c.id);
                 failpoint::hit("after-precommit");
                 let t = Instant::now();
