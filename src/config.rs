@@ -498,7 +498,9 @@ impl Config {
 
     /// The dead-letter topic of `source_topic`'s refused records.
     pub fn dead_letter_topic_for(&self, source_topic: &str) -> String {
-        (self.sink.dead_letter_topic).replace(SOURCE_TOPIC_PLACEHOLDER, source_topic)
+        self.sink
+            .dead_letter_topic
+            .replace(SOURCE_TOPIC_PLACEHOLDER, source_topic)
     }
 
     /// `eos-bridge-{id}-{instance}`: one per instance, stable across restarts, so that a restarted
@@ -510,7 +512,9 @@ impl Config {
     /// How old the last completed checkpoint may be while the bridge still reports ready:
     /// `api.ready_max_age`, or by default three missed intervals plus one checkpoint's timeout.
     pub fn ready_max_age(&self) -> Duration {
-        (self.api.ready_max_age).unwrap_or_else(|| self.checkpoint.default_ready_max_age())
+        self.api
+            .ready_max_age
+            .unwrap_or_else(|| self.checkpoint.default_ready_max_age())
     }
 
     /// The half of the timeout rule that needs the sink brokers' `transaction.max.timeout.ms`:
@@ -527,7 +531,8 @@ impl Config {
         let (epoch_key, epoch) = self.epoch();
         let (txn, ms, max) = (show(timeout), timeout.as_millis(), show(broker_max));
         let open = show(epoch.saturating_add(self.checkpoint.timeout));
-        Err(ConfigError::new("transaction.timeout", format!("{txn} ({ms} ms) is above the sink brokers' transaction.max.timeout.ms = {max_ms} ({max}), so the brokers would refuse every transaction; lower [transaction] timeout to at most {max} (while keeping it above {epoch_key} + checkpoint.timeout = {open}), or raise transaction.max.timeout.ms on the sink brokers")))
+        let message = format!("{txn} ({ms} ms) is above the sink brokers' transaction.max.timeout.ms = {max_ms} ({max}), so the brokers would refuse every transaction; lower [transaction] timeout to at most {max} (while keeping it above {epoch_key} + checkpoint.timeout = {open}), or raise transaction.max.timeout.ms on the sink brokers");
+        Err(ConfigError::new("transaction.timeout", message))
     }
 
     /// How long an epoch lasts, and the key that sets it: the checkpoint interval, or the minimum
@@ -662,9 +667,13 @@ fn count<'de, D: Deserializer<'de>, T: TryFrom<u64>>(deserializer: D) -> Result<
         Any::Number(n) if n.as_i64().is_some_and(|n| n < 0) => {
             Err(format!("{n} is negative: use a whole number of 0 or more"))
         }
-        Any::String(s) => (s.trim().parse())
+        Any::String(s) => s
+            .trim()
+            .parse()
             .map_err(|_| format!(r#"{s:?} is not a whole number: write digits only, such as "3""#)),
-        other => (other.as_u64()).ok_or_else(|| format!("{other} is not a whole number such as 3")),
+        other => other
+            .as_u64()
+            .ok_or_else(|| format!("{other} is not a whole number such as 3")),
     };
     let n = n.map_err(de::Error::custom)?;
     T::try_from(n).map_err(|_| de::Error::custom(format!("{n} is too large")))
@@ -724,7 +733,9 @@ fn layers(
 }
 
 fn is_ours(env_name: &str) -> bool {
-    (env_name.to_ascii_uppercase()).starts_with(&format!("{ENV_PREFIX}{ENV_SEPARATOR}"))
+    env_name
+        .to_ascii_uppercase()
+        .starts_with(&format!("{ENV_PREFIX}{ENV_SEPARATOR}"))
 }
 
 /// The errors of one load, and what the rules need to know about the values behind them.
@@ -748,25 +759,22 @@ impl Report {
     }
 
     fn with_env(&self, key: &str, message: impl Into<String>) -> ConfigError {
-        let from = self
-            .env_names
-            .get(key)
-            .map(|var| format!(" (set by {var})"));
-        ConfigError::new(key, message.into() + &from.unwrap_or_default())
+        match self.env_names.get(key) {
+            Some(var) => ConfigError::new(key, format!("{} (set by {var})", message.into())),
+            None => ConfigError::new(key, message),
+        }
     }
 
     fn finish<T>(self, value: T) -> Result<T, ConfigErrors> {
-        (self.errors.is_empty())
+        self.errors
+            .is_empty()
             .then_some(value)
             .ok_or(ConfigErrors(self.errors))
     }
 
     fn note_env(&mut self, tree: &LayerMap<String, Value>) {
         let root = Value::new(None, ValueKind::Table(tree.clone()));
-        for (path, _) in leaves_of(&[], &root)
-            .into_iter()
-            .filter(|(_, v)| from_env(v))
-        {
+        for path in env_paths(&[], &root) {
             self.env_names.insert(path.join("."), env_name(&path));
         }
     }
@@ -780,7 +788,9 @@ impl Report {
                 Ok(config) => return config,
                 Err(error) => error,
             };
-            let path: Vec<String> = (error.path().iter())
+            let path: Vec<String> = error
+                .path()
+                .iter()
                 .map_while(|segment| match segment {
                     serde_path_to_error::Segment::Map { key } => Some(key.clone()),
                     _ => None,
@@ -797,14 +807,9 @@ impl Report {
             if let Some(accepted) = reason.strip_prefix("unknown field `") {
                 let accepted = accepted.split_once(", expected ").map_or("", |(_, a)| a);
                 let accepted = accepted.trim_start_matches("one of ").replace('`', "");
-                let vars: Vec<String> = leaves_of(&path, &found)
-                    .into_iter()
-                    .filter_map(|(p, v)| from_env(&v).then(|| env_name(&p)))
-                    .collect();
-                let from = match vars.is_empty() {
-                    true => String::new(),
-                    false => format!(" (set by {})", vars.join(", ")),
-                };
+                let vars: Vec<String> = env_paths(&path, &found).iter().map(env_name).collect();
+                let from = (!vars.is_empty()).then(|| format!(" (set by {})", vars.join(", ")));
+                let from = from.unwrap_or_default();
                 let place = match &path[..] {
                     [_] => "the top level".to_string(),
                     [section, ..] => format!("[{section}]"),
@@ -860,10 +865,8 @@ impl Report {
                 let name = spelled.replace('_', ".");
                 let key = format!("{path}.{name}");
                 if env {
-                    let var = [section, "kafka"]
-                        .into_iter()
-                        .chain(segments.iter().map(String::as_str));
-                    self.env_names.insert(key.clone(), env_name(var));
+                    let var = env_name(format!("{path}.{spelled}").split('.'));
+                    self.env_names.insert(key.clone(), var);
                 }
                 if matches!(leaf.kind, ValueKind::Array(_)) {
                     self.broken.push(key.clone());
@@ -905,6 +908,15 @@ impl Report {
 
 fn from_env(value: &Value) -> bool {
     value.origin() == Some(ENV_ORIGIN)
+}
+
+/// The paths of the values under `value` that the environment set.
+fn env_paths(path: &[String], value: &Value) -> Vec<Vec<String>> {
+    let leaves = leaves_of(path, value).into_iter();
+    leaves
+        .filter(|(_, v)| from_env(v))
+        .map(|(p, _)| p)
+        .collect()
 }
 
 /// serde's message without the `config` crate's " for key `…` in …" (the key is reported apart).
@@ -999,39 +1011,31 @@ const RULES: &[(&[&str], Rule)] = &[
     }),
     (&["source.topic_pattern"], |c| {
         let pattern = c.source.topic_pattern.as_deref().unwrap_or_default();
-        let error = anchored(pattern).err().map(|e| bad_regex(pattern, &e));
-        error
-            .map(|m| ConfigError::new("source.topic_pattern", m))
-            .into_iter()
-            .collect()
+        at("source.topic_pattern", compile(pattern).err())
     }),
     (&["source.topics"], |c| {
-        let bad = c
-            .source
-            .topics
-            .iter()
-            .filter_map(|t| Some((t, check_topic_name(t).err()?)));
-        let error = |(topic, why)| {
-            ConfigError::new(
-                "source.topics",
-                format!("{topic:?} {why}: fix the topic's name"),
-            )
+        let bad = |t: &String| {
+            Some(format!(
+                "{t:?} {}: fix the topic's name",
+                check_topic_name(t).err()?
+            ))
         };
-        bad.map(error).collect()
+        let errors = c.source.topics.iter().filter_map(bad);
+        errors
+            .map(|m| ConfigError::new("source.topics", m))
+            .collect()
     }),
     (&["source.topics", "source.topic_pattern"], source_topics),
     (&["source.topic_exclude", "source.topics"], |c| {
         let Some(exclude) = c.source.topic_exclude.as_deref() else {
             return vec![];
         };
-        let message = match anchored(exclude) {
-            Err(e) => bad_regex(exclude, &e),
-            Ok(re) => match c.source.topics.iter().find(|t| re.is_match(t)) {
-                Some(t) => format!("{exclude:?} excludes {t:?}, which source.topics lists: remove it from the list, or narrow the exclusion"),
-                None => return vec![],
-            },
+        let listed = |re: Regex| c.source.topics.iter().find(|t| re.is_match(t)).cloned();
+        let message = match compile(exclude).map(listed) {
+            Err(message) => Some(message),
+            Ok(listed) => listed.map(|t| format!("{exclude:?} excludes {t:?}, which source.topics lists: remove it from the list, or narrow the exclusion")),
         };
-        vec![ConfigError::new("source.topic_exclude", message)]
+        at("source.topic_exclude", message)
     }),
     rule!(|c| "sink.replication_factor" if matches!(c.sink.replication_factor, Some(n) if n == 0 || n > i16::MAX as u16)
         => "{} is not a replica count: use 1 to {}, at most the sink cluster's brokers, or leave it unset for the broker's default",
@@ -1039,20 +1043,20 @@ const RULES: &[(&[&str], Rule)] = &[
     (&["sink.bootstrap_servers"], |c| {
         // Unset, the sink's servers are the source's: one error about them is enough.
         let (source, sink) = (&c.source.bootstrap_servers, &c.sink.bootstrap_servers);
+        let errors = servers("sink.bootstrap_servers", sink);
         if sink == source {
             vec![]
         } else {
-            servers("sink.bootstrap_servers", sink)
+            errors
         }
     }),
     (&["sink.topic"], sink_topic_name),
     (&["sink.marker_topic"], |c| {
-        let Some(Err(why)) = marker_judged(c) else {
-            return vec![];
-        };
         let (marker, default) = (&c.sink.marker_topic, default_marker_topic(&c.bridge.id));
-        let message = format!("{marker:?} {why}: leave it unset for the default {default:?}");
-        vec![ConfigError::new("sink.marker_topic", message)]
+        let why = marker_judged(c).and_then(Result::err);
+        let message =
+            why.map(|why| format!("{marker:?} {why}: leave it unset for the default {default:?}"));
+        at("sink.marker_topic", message)
     }),
     (TOPICS, own_output),
     // A dead-letter topic that is never used is a half-finished configuration.
@@ -1103,10 +1107,11 @@ const RULES: &[(&[&str], Rule)] = &[
             (None, Some(_)) => ("api.tls_key", "api.tls_cert"),
             _ => return vec![],
         };
-        let message = format!(
-            "is required with {set}: set both PEM paths to serve HTTPS, or neither for plain HTTP"
-        );
-        vec![ConfigError::new(missing, message)]
+        let fix = "set both PEM paths to serve HTTPS, or neither for plain HTTP";
+        vec![ConfigError::new(
+            missing,
+            format!("is required with {set}: {fix}"),
+        )]
     }),
     rule!(|c| "offsets.max_runs" if c.offsets.max_runs == 0
         => "0 leaves no room for a run: use a whole number of 1 or more, such as 4096"),
@@ -1148,8 +1153,13 @@ const EPOCH: &[&str] = &[
 
 /// The error `message()` on `key` if `broken`.
 fn when(broken: bool, key: &str, message: impl FnOnce() -> String) -> Found {
-    broken
-        .then(|| ConfigError::new(key, message()))
+    at(key, broken.then(message))
+}
+
+/// The error `message` on `key`, if there is one.
+fn at(key: &str, message: Option<String>) -> Found {
+    message
+        .map(|m| ConfigError::new(key, m))
         .into_iter()
         .collect()
 }
@@ -1456,13 +1466,15 @@ fn one_line(text: &str) -> String {
         .join(": ")
 }
 
-/// "NOT is not a valid regular expression (WHY): ...": a regex error ends with what is wrong,
-/// after a snippet of the pattern.
-fn bad_regex(pattern: &str, e: &regex::Error) -> String {
-    let text = e.to_string();
-    let last = text.trim_end().lines().last().unwrap_or_default().trim();
-    let why = last.strip_prefix("error: ").unwrap_or(last);
-    format!("{pattern:?} is not a valid regular expression ({why}): fix the syntax; it must match whole topic names")
+/// A topic pattern compiled, or what is wrong with it: a regex error ends with that, after a
+/// snippet of the pattern.
+fn compile(pattern: &str) -> Result<Regex, String> {
+    anchored(pattern).map_err(|e| {
+        let text = e.to_string();
+        let last = text.trim_end().lines().last().unwrap_or_default().trim();
+        let why = last.strip_prefix("error: ").unwrap_or(last);
+        format!("{pattern:?} is not a valid regular expression ({why}): fix the syntax; it must match whole topic names")
+    })
 }
 #[cfg(test)]
 mod tests {
