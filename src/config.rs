@@ -582,42 +582,24 @@ impl KafkaProps {
     /// Whether a property's value is a credential, to be kept out of logs and `Debug` output.
     pub fn is_sensitive(key: &str) -> bool {
         let key = key.to_ascii_lowercase();
-        let words = [
-            "password",
-            "passphrase",
-            "secret",
-            "jaas",
-            "token",
-            "credential",
-        ];
-        words.iter().any(|word| key.contains(word))
-            || key.contains("oauthbearer.config")
-            || key.ends_with(".key")
-            || key.ends_with("key.pem")
+        let words = "password passphrase secret jaas token credential oauthbearer.config";
+        let ends = [".key", "key.pem"];
+        words.split(' ').any(|word| key.contains(word)) || ends.iter().any(|e| key.ends_with(e))
     }
 }
 
 impl<K: Into<String>, V: Into<String>> FromIterator<(K, V)> for KafkaProps {
     fn from_iter<I: IntoIterator<Item = (K, V)>>(iter: I) -> Self {
-        KafkaProps(
-            iter.into_iter()
-                .map(|(k, v)| (k.into(), v.into()))
-                .collect(),
-        )
+        let props = iter.into_iter().map(|(k, v)| (k.into(), v.into()));
+        KafkaProps(props.collect())
     }
 }
 
 impl fmt::Debug for KafkaProps {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let shown = |(k, v)| {
-            (
-                k,
-                if KafkaProps::is_sensitive(k) {
-                    "***"
-                } else {
-                    v
-                },
-            )
+        let shown = |(k, v)| match KafkaProps::is_sensitive(k) {
+            true => (k, "***"),
+            false => (k, v),
         };
         f.debug_map().entries(self.iter().map(shown)).finish()
     }
@@ -690,7 +672,10 @@ fn topic_list<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Vec<String>,
         )),
     };
     match Any::deserialize(deserializer)? {
-        Any::String(s) => Ok(s.split(',').map(str::trim).filter(|t| !t.is_empty()).map(String::from).collect()),
+        Any::String(s) => {
+            let names = s.split(',').map(str::trim).filter(|t| !t.is_empty());
+            Ok(names.map(String::from).collect())
+        }
         Any::Array(items) => items.into_iter().enumerate().map(name).collect(),
         other => Err(format!(r#"{other} is not a list of topic names: write ["a", "b"] in the file, "a,b" in the environment"#)),
     }
@@ -766,10 +751,10 @@ impl Report {
     }
 
     fn finish<T>(self, value: T) -> Result<T, ConfigErrors> {
-        self.errors
-            .is_empty()
-            .then_some(value)
-            .ok_or(ConfigErrors(self.errors))
+        match self.errors.is_empty() {
+            true => Ok(value),
+            false => Err(ConfigErrors(self.errors)),
+        }
     }
 
     fn note_env(&mut self, tree: &LayerMap<String, Value>) {
@@ -1205,11 +1190,9 @@ fn sink_topic_name(c: &Config) -> Found {
         true => format!(" ({SOURCE_TOPIC_PLACEHOLDER} is the only placeholder)"),
         false => String::new(),
     };
-    let (topic, fix) = (
-        template(topic, &sample),
-        format!("{SOURCE_TOPIC_PLACEHOLDER}-copy"),
-    );
-    let message = format!(r#"{topic} {why}{placeholder}: use e.g. "{fix}""#);
+    let topic = template(topic, &sample);
+    let message =
+        format!(r#"{topic} {why}{placeholder}: use e.g. "{SOURCE_TOPIC_PLACEHOLDER}-copy""#);
     vec![ConfigError::new("sink.topic", message)]
 }
 
@@ -1294,10 +1277,8 @@ fn dead_letter_clash(c: &Config) -> Found {
     if listed.is_empty() && (constant || template == &sink.topic) {
         pairs.push(pair("t"));
     }
-    let (fix, key) = (
-        format!(r#"use e.g. "{DEFAULT_DEAD_LETTER_TOPIC}""#),
-        "sink.dead_letter_topic",
-    );
+    let fix = format!(r#"use e.g. "{DEFAULT_DEAD_LETTER_TOPIC}""#);
+    let key = "sink.dead_letter_topic";
     for (dlq, sink_topic) in &pairs {
         let what = match (dlq == &sink.marker_topic, dlq == sink_topic) {
             (true, _) => "the marker topic",
@@ -1313,10 +1294,7 @@ fn dead_letter_clash(c: &Config) -> Found {
     let message = |dlq| {
         format!("{template:?} gives {dlq:?}, which is a source topic of the same cluster: the bridge would read its own dead letters; {fix}")
     };
-    found
-        .map(|dlq| ConfigError::new(key, message(dlq)))
-        .into_iter()
-        .collect()
+    at(key, found.map(message))
 }
 
 /// `transaction.timeout` when exactly-once delivery uses transactions and the timeout is in
