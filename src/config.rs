@@ -14,9 +14,10 @@
 //!    `Option`s need nothing else; durations take `#[serde(with = "humantime_serde")]`, whole
 //!    numbers `#[serde(deserialize_with = "count")]` (the environment writes them as text), a
 //!    choice of names an enum declared with `named!`.
-//! 2. If the value must pass a rule, write a small function over `&Config` that returns a
-//!    [`ConfigError`] for each problem (key, value found, fix; `when` makes one), and list it in
-//!    `RULES` with the keys it reads (it is skipped when one of them did not parse).
+//! 2. If the value must pass a rule, add it to `RULES` with the keys it reads (it is skipped when
+//!    one of them did not parse): a rule on one key as a `rule!` row (key, condition, message), any
+//!    other as a small function over `&Config` that returns a [`ConfigError`] for each problem
+//!    (key, value found, fix). rustfmt leaves `rule!` rows alone: keep them tidy by hand.
 //! 3. Document the key in `config/eos-bridge.toml` (a test checks) and `docs/configuration.md`.
 //!
 //! Unknown keys, environment overrides (`EOS_BRIDGE__SECTION__KEY`, a `_` standing for a `.` in
@@ -454,7 +455,9 @@ impl Config {
         // `std::env::vars` would panic on any non-UTF-8 variable, ours or not.
         for (name, value) in std::env::vars_os() {
             match (name.into_string(), value.into_string()) {
-                (Ok(name), Ok(value)) => drop(env.insert(name, value)),
+                (Ok(name), Ok(value)) => {
+                    env.insert(name, value);
+                }
                 (Ok(name), Err(_)) if is_ours(&name) => unreadable.push(ConfigError::new(
                     &name,
                     "the value is not valid UTF-8: set it as UTF-8 text",
