@@ -1,35 +1,28 @@
 //! Settings of the bridge: the configuration contract, its defaults and its validation.
 //!
-//! This module owns the layout of the TOML file (`config/eos-bridge.toml` documents every key),
-//! the environment overrides, the defaults, and every rule a setting must pass before the daemon
-//! starts. [`Config::load`] reports every problem in one go, each naming its key, the value found
-//! and the fix, so that a deployment is corrected in one round trip rather than one per mistake.
-//! The one rule it cannot check on its own, `transaction.timeout` against the sink brokers'
-//! `transaction.max.timeout.ms`, is [`Config::check_broker_timeout`], called at start-up.
+//! This module owns the layout of the TOML file (`config/eos-bridge.toml` documents every key,
+//! docs/configuration.md is the reference, environment overrides included), the defaults, and
+//! every rule a setting must pass before the daemon starts. [`Config::load`] reports every problem
+//! in one go, each naming its key, the value found and the fix, so that a deployment is corrected
+//! in one round trip rather than one per mistake. The one rule it cannot check on its own,
+//! `transaction.timeout` against the sink brokers' `transaction.max.timeout.ms`, is
+//! [`Config::check_broker_timeout`], called at start-up.
 //!
 //! # Adding a key
 //!
-//! 1. Add the field to its section's struct; the struct's `Default` gives its default. Strings,
-//!    paths and `Option`s need nothing else; durations take `#[serde(with = "humantime_serde")]`,
-//!    whole numbers `#[serde(deserialize_with = "count")]` (the environment writes them as text),
-//!    a choice of names an enum declared with `named!`.
-//! 2. If the value must pass a rule, write a small function over `&Config` that returns a
-//!    [`ConfigError`] for each problem (key, value found, fix; `when` makes one), and list it in
-//!    `RULES` with the keys it reads (it is skipped when one of them did not parse).
+//! 1. Add the field to its section's struct, its default as `#[default(..)]`. Strings, paths and
+//!    `Option`s need nothing else; durations take `#[serde(with = "humantime_serde")]`, whole
+//!    numbers `#[serde(deserialize_with = "count")]` (the environment writes them as text), a
+//!    choice of names an enum declared with `named!`.
+//! 2. If the value must pass a rule, add it to `RULES` with the keys it reads (it is skipped when
+//!    one of them did not parse): a rule on one key as a `rule!` row (key, condition, message), any
+//!    other as a small function over `&Config` that returns a [`ConfigError`] for each problem
+//!    (key, value found, fix). rustfmt leaves `rule!` rows alone: keep them tidy by hand.
 //! 3. Document the key in `config/eos-bridge.toml` (a test checks) and `docs/configuration.md`.
 //!
-//! Unknown keys, environment overrides and the report of every error come with the field.
-//!
-//! # Environment overrides
-//!
-//! `EOS_BRIDGE__SECTION__KEY=value` overrides `key` of `[section]`: `EOS_BRIDGE__` prefix, `__`
-//! between levels, names case-insensitive (the `config` crate lower-cases them). Every variable
-//! with the prefix must name a known key: a misspelled one is an error, never silently ignored.
-//! Values are strings, parsed here: numbers (`"3"`), durations (`"500ms"`), lists as
-//! comma-separated names (`EOS_BRIDGE__SOURCE__TOPICS=orders,payments`; an empty value clears a
-//! list set by the file). The keys of `[source.kafka]` and `[sink.kafka]` are librdkafka
-//! properties, whose names only ever contain dots, and an environment name cannot: there a `_`
-//! stands for a `.`, so `EOS_BRIDGE__SINK__KAFKA__SASL_PASSWORD` sets `sasl.password`.
+//! Unknown keys, environment overrides (`EOS_BRIDGE__SECTION__KEY`, a `_` standing for a `.` in
+//! the librdkafka tables, whose property names only ever contain dots) and the report of every
+//! error come with the field.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt;
@@ -45,6 +38,7 @@ use regex::Regex;
 use serde::de::{self, Deserializer};
 use serde::{Deserialize, Serialize};
 use serde_json::Value as Any;
+use smart_default::SmartDefault;
 use thiserror::Error;
 
 /// Prefix of every environment override.
@@ -56,13 +50,12 @@ pub const ENV_SEPARATOR: &str = "__";
 pub const SOURCE_TOPIC_PLACEHOLDER: &str = "{source_topic}";
 /// Prefix of the default marker topic; the bridge id follows it (see [`default_marker_topic`]).
 pub const DEFAULT_MARKER_TOPIC: &str = "__eos_bridge_markers";
-/// Where `on_bad_record = "dead-letter"` writes the records the sink refuses, unless
-/// `sink.dead_letter_topic` says otherwise.
+/// Where `on_bad_record = "dead-letter"` writes, unless `sink.dead_letter_topic` says otherwise.
 pub const DEFAULT_DEAD_LETTER_TOPIC: &str = "{source_topic}.dlq";
-/// `sink.max_in_flight_bytes` when unset: 16 MiB.
-pub const DEFAULT_MAX_IN_FLIGHT_BYTES: u64 = 16 * 1024 * 1024;
-/// `checkpoint.max_bytes` when unset: 64 MiB.
-pub const DEFAULT_EPOCH_MAX_BYTES: u64 = 64 * 1024 * 1024;
+/// `offsets.retention` when unset: a day of checkpoints.
+pub const DEFAULT_OFFSETS_RETENTION: Duration = Duration::from_secs(24 * 3600);
+/// `offsets.max_runs` when unset: about 100 KB of mapping per record.
+pub const DEFAULT_OFFSETS_MAX_RUNS: usize = 4096;
 
 /// The marker topic a bridge uses unless `sink.marker_topic` names one: a topic per bridge id,
 /// so that no other bridge's transaction can ever sit in an instance's marker partition and hold
@@ -76,10 +69,8 @@ const ENV_ORIGIN: &str = "the environment";
 /// librdkafka's range for `transaction.timeout.ms`.
 const MIN_TRANSACTION_TIMEOUT: Duration = Duration::from_secs(1);
 const MAX_TRANSACTION_TIMEOUT: Duration = Duration::from_millis(i32::MAX as u64);
-/// Long enough for a broker restart or a rolling upgrade, short enough that a wrong address ends in
-/// an exit an orchestrator reports.
-const DEFAULT_UNREACHABLE_TIMEOUT: Duration = Duration::from_secs(300);
 const DURATION_EXAMPLES: &str = r#"write it like "500ms", "1s" or "2m""#;
+const MIB: u64 = 1024 * 1024;
 
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -94,22 +85,24 @@ pub struct Config {
     pub offsets: OffsetsConfig,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, SmartDefault)]
 #[serde(default, deny_unknown_fields)]
 pub struct BridgeConfig {
     /// Required: the empty default is reported missing.
     pub id: String,
-    /// This instance's number, `0..instances`: it picks the instance's share of the partitions.
     #[serde(deserialize_with = "count")]
     pub instance: u32,
     #[serde(deserialize_with = "count")]
+    #[default = 1]
     pub instances: u32,
+    #[default = "state"]
     pub state_dir: PathBuf,
     pub delivery: Delivery,
-    /// What to do when a cluster or topic is not the one the committed positions were taken on.
     pub on_identity_change: IdentityPolicy,
-    /// How long start-up waits for a cluster no broker of answers before it exits.
+    /// Long enough for a broker restart or a rolling upgrade, short enough that a wrong address
+    /// ends in an exit an orchestrator reports.
     #[serde(with = "humantime_serde")]
+    #[default(Duration::from_secs(300))]
     pub unreachable_timeout: Duration,
 }
 
@@ -123,72 +116,72 @@ pub struct SourceConfig {
     /// Matched against the whole topic name, like the Java clients' pattern subscription.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub topic_pattern: Option<String>,
-    /// Anchored like `topic_pattern`; topics it matches are never read, whichever way selected.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub topic_exclude: Option<String>,
-    /// Where to start when neither a checkpoint nor a commit marker says where to resume.
     pub start: StartPosition,
     pub on_offset_out_of_range: OutOfRange,
     pub kafka: KafkaProps,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, SmartDefault)]
 #[serde(default, deny_unknown_fields)]
 pub struct SinkConfig {
-    /// The source's servers when not set: the same cluster ([`Config::load`] fills it in).
+    /// The source's servers when not set ([`Config::load`] fills it in).
     pub bootstrap_servers: String,
-    /// A template: [`SOURCE_TOPIC_PLACEHOLDER`] is replaced by the source topic's name.
+    #[default(SOURCE_TOPIC_PLACEHOLDER.to_string())]
     pub topic: String,
     pub partitioning: Partitioning,
     /// [`default_marker_topic`] when not set ([`Config::load`] fills it in).
     pub marker_topic: String,
     pub on_bad_record: OnBadRecord,
-    /// A template like `topic`; used only with [`OnBadRecord::DeadLetter`].
+    #[default(DEFAULT_DEAD_LETTER_TOPIC.to_string())]
     pub dead_letter_topic: String,
-    /// The most output bytes (keys and values) handed to the producer and not yet acknowledged;
-    /// the bridge lowers its working limit below this for a slow sink.
     #[serde(deserialize_with = "count")]
+    #[default(16 * MIB)]
     pub max_in_flight_bytes: u64,
-    /// Replicas of every topic the bridge creates on the sink; None: the broker's default.
     #[serde(
         deserialize_with = "count_opt",
         skip_serializing_if = "Option::is_none"
     )]
     pub replication_factor: Option<u16>,
-    /// Source topic configs not copied to new sink topics, besides `mirror::EXCLUDED`; an entry
-    /// ending in `*` is a prefix.
     #[serde(deserialize_with = "topic_list")]
     pub topic_config_exclude: Vec<String>,
     pub kafka: KafkaProps,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, SmartDefault)]
 #[serde(default, deny_unknown_fields)]
 pub struct CheckpointConfig {
     #[serde(with = "humantime_serde")]
+    #[default(Duration::from_secs(1))]
     pub interval: Duration,
     #[serde(with = "humantime_serde")]
     pub min_pause: Duration,
     #[serde(with = "humantime_serde")]
+    #[default(Duration::from_secs(30))]
     pub timeout: Duration,
     #[serde(deserialize_with = "count")]
+    #[default = 3]
     pub retain: usize,
-    /// An epoch ends early once its output (keys and values) reaches this many bytes.
     #[serde(deserialize_with = "count")]
+    #[default(64 * MIB)]
     pub max_bytes: u64,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, SmartDefault)]
 #[serde(default, deny_unknown_fields)]
 pub struct TransactionConfig {
+    /// librdkafka's own default for transaction.timeout.ms.
     #[serde(with = "humantime_serde")]
+    #[default(Duration::from_secs(60))]
     pub timeout: Duration,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, SmartDefault)]
 #[serde(default, deny_unknown_fields)]
 pub struct ApiConfig {
     #[serde(deserialize_with = "listen_addr")]
+    #[default(SocketAddr::from(([127, 0, 0, 1], 8080)))]
     pub listen: SocketAddr,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub admin_token: Option<Secret>,
@@ -205,119 +198,31 @@ pub struct ApiConfig {
     pub tls_key: Option<PathBuf>,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, SmartDefault)]
 #[serde(default, deny_unknown_fields)]
 pub struct ShutdownConfig {
     #[serde(with = "humantime_serde")]
+    #[default(Duration::from_secs(30))]
     pub timeout: Duration,
 }
 
 /// `[offsets]`: the offset mapping that `eos-bridge offsets translate` reads, and the monitoring
 /// group (docs/design.md, "Offset translation").
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, SmartDefault)]
 #[serde(default, deny_unknown_fields)]
 pub struct OffsetsConfig {
-    /// The sink topic holding each checkpoint's mapping; `__eos_bridge_offsets.<id>` when not set
-    /// ([`Config::load`] fills it in).
+    /// `__eos_bridge_offsets.<id>` when not set ([`Config::load`] fills it in).
     pub topic: String,
-    /// How long the mapping is kept (the topic's retention.ms when the bridge creates it).
     #[serde(with = "humantime_serde")]
+    #[default(DEFAULT_OFFSETS_RETENTION)]
     pub retention: Duration,
     /// An epoch ends early once its mapping holds this many runs; also the most entries (runs,
     /// partitions) per mapping record.
     #[serde(deserialize_with = "count")]
+    #[default(DEFAULT_OFFSETS_MAX_RUNS)]
     pub max_runs: usize,
-    /// The source-cluster consumer group the bridge commits its positions to after each
-    /// checkpoint, for monitoring only; empty: none. `eos-bridge.<id>` when not set.
+    /// For monitoring only; empty: none. `eos-bridge.<id>` when not set.
     pub monitor_group: String,
-}
-
-/// `offsets.retention` when unset: a day of checkpoints.
-pub const DEFAULT_OFFSETS_RETENTION: Duration = Duration::from_secs(24 * 3600);
-/// `offsets.max_runs` when unset: about 100 KB of mapping per record.
-pub const DEFAULT_OFFSETS_MAX_RUNS: usize = 4096;
-
-impl Default for OffsetsConfig {
-    fn default() -> Self {
-        OffsetsConfig {
-            topic: String::new(),
-            retention: DEFAULT_OFFSETS_RETENTION,
-            max_runs: DEFAULT_OFFSETS_MAX_RUNS,
-            monitor_group: String::new(),
-        }
-    }
-}
-
-impl Default for BridgeConfig {
-    fn default() -> Self {
-        BridgeConfig {
-            id: String::new(),
-            instance: 0,
-            instances: 1,
-            state_dir: "state".into(),
-            delivery: Delivery::ExactlyOnce,
-            on_identity_change: IdentityPolicy::Stop,
-            unreachable_timeout: DEFAULT_UNREACHABLE_TIMEOUT,
-        }
-    }
-}
-
-impl Default for SinkConfig {
-    fn default() -> Self {
-        SinkConfig {
-            bootstrap_servers: String::new(),
-            topic: SOURCE_TOPIC_PLACEHOLDER.to_string(),
-            partitioning: Partitioning::Preserve,
-            marker_topic: String::new(),
-            on_bad_record: OnBadRecord::Stop,
-            dead_letter_topic: DEFAULT_DEAD_LETTER_TOPIC.to_string(),
-            max_in_flight_bytes: DEFAULT_MAX_IN_FLIGHT_BYTES,
-            replication_factor: None,
-            topic_config_exclude: Vec::new(),
-            kafka: KafkaProps::default(),
-        }
-    }
-}
-
-impl Default for CheckpointConfig {
-    fn default() -> Self {
-        CheckpointConfig {
-            interval: Duration::from_secs(1),
-            min_pause: Duration::ZERO,
-            timeout: Duration::from_secs(30),
-            retain: 3,
-            max_bytes: DEFAULT_EPOCH_MAX_BYTES,
-        }
-    }
-}
-
-impl Default for TransactionConfig {
-    fn default() -> Self {
-        // librdkafka's own default for transaction.timeout.ms.
-        TransactionConfig {
-            timeout: Duration::from_secs(60),
-        }
-    }
-}
-
-impl Default for ApiConfig {
-    fn default() -> Self {
-        ApiConfig {
-            listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
-            admin_token: None,
-            ready_max_age: None,
-            tls_cert: None,
-            tls_key: None,
-        }
-    }
-}
-
-impl Default for ShutdownConfig {
-    fn default() -> Self {
-        ShutdownConfig {
-            timeout: Duration::from_secs(30),
-        }
-    }
 }
 
 /// A setting that takes one of a few names: the enum, `as_str`, `Display`, a `FromStr` whose
@@ -394,11 +299,8 @@ named! {
     /// What to do when the source or sink cluster, or a source or sink topic, is another one than
     /// the committed positions refer to (a rebuilt cluster, a topic deleted and created again).
     IdentityPolicy is "an identity policy", use r#""stop" (stop and say what changed) or "restart" (bridge a recreated topic or rebuilt cluster again from its earliest offset)"# {
-        /// Stop with a message naming what changed and the ways out.
         #[default]
         Stop = "stop",
-        /// Bridge every source topic touched by the change again from its earliest offset;
-        /// logged at error level and counted.
         Restart = "restart",
     }
 }
@@ -408,7 +310,6 @@ named! {
     OutOfRange is "an out-of-range policy", use r#""fail" (stop) or "earliest" (resume from the oldest record kept, counting the records lost)"# {
         #[default]
         Fail = "fail",
-        /// Resume from the oldest record still kept; the records lost are counted and logged.
         Earliest = "earliest",
     }
 }
@@ -416,20 +317,16 @@ named! {
 named! {
     /// What to do with a record the sink refuses for good (too large for the sink topic, invalid).
     OnBadRecord is "a bad-record policy", use r#""stop" (abort and stop, naming the record) or "dead-letter" (write it to sink.dead_letter_topic and go on)"# {
-        /// Abort the transaction and stop, naming the record.
         #[default]
         Stop = "stop",
-        /// Write the record to the dead-letter topic instead, in the same transaction, and go on.
         DeadLetter = "dead-letter",
     }
 }
 
 named! {
     Partitioning is "a partitioning", use r#""preserve" (sink partition = source partition) or "key" (partition by record key)"# {
-        /// Sink partition = source partition: the source order is kept whole.
         #[default]
         Preserve = "preserve",
-        /// Kafka's default (murmur2) partitioner on the record key: order is kept per key.
         Key = "key",
     }
 }
@@ -499,8 +396,9 @@ pub struct ConfigError {
     pub message: String,
 }
 
-/// Every problem found in one load, in a stable order.
+/// Every problem found in one load, in a stable order, one per line.
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
+#[error("{}", .0.iter().map(ToString::to_string).collect::<Vec<_>>().join("\n"))]
 pub struct ConfigErrors(pub Vec<ConfigError>);
 
 /// Which source topics the bridge reads: see [`Config::source_topic_matcher`].
@@ -527,23 +425,22 @@ impl Config {
         report.bad_values.sort_by(|a, b| a.key.cmp(&b.key));
         report.errors.append(&mut report.bad_values);
         // Defaults made of other settings, known only now.
-        let sink = tree.get("sink").and_then(|s| s.clone().into_table().ok());
-        let written = |key: &str| sink.as_ref().is_some_and(|s| s.contains_key(key));
-        if !written("bootstrap_servers") {
-            config.sink.bootstrap_servers = config.source.bootstrap_servers.clone();
+        let written = |section: &str, key: &str| {
+            let table = tree.get(section).map(|s| &s.kind);
+            matches!(table, Some(ValueKind::Table(t)) if t.contains_key(key))
+        };
+        let (id, c) = (config.bridge.id.clone(), &mut config);
+        if !written("sink", "bootstrap_servers") {
+            c.sink.bootstrap_servers = c.source.bootstrap_servers.clone();
         }
-        if !written("marker_topic") {
-            config.sink.marker_topic = default_marker_topic(&config.bridge.id);
+        if !written("sink", "marker_topic") {
+            c.sink.marker_topic = default_marker_topic(&id);
         }
-        let offsets = tree
-            .get("offsets")
-            .and_then(|s| s.clone().into_table().ok());
-        let written = |key: &str| offsets.as_ref().is_some_and(|s| s.contains_key(key));
-        if !written("topic") {
-            config.offsets.topic = format!("__eos_bridge_offsets.{}", config.bridge.id);
+        if !written("offsets", "topic") {
+            c.offsets.topic = format!("__eos_bridge_offsets.{id}");
         }
-        if !written("monitor_group") {
-            config.offsets.monitor_group = format!("eos-bridge.{}", config.bridge.id);
+        if !written("offsets", "monitor_group") {
+            c.offsets.monitor_group = format!("eos-bridge.{id}");
         }
         report
             .errors
@@ -554,31 +451,24 @@ impl Config {
 
     /// [`Config::load`] with the process's environment.
     pub fn from_process_env(file: Option<&Path>) -> Result<Config, ConfigErrors> {
-        let mut env = HashMap::new();
-        let mut unreadable = Vec::new();
+        let (mut env, mut unreadable) = (HashMap::new(), Vec::new());
         // `std::env::vars` would panic on any non-UTF-8 variable, ours or not.
         for (name, value) in std::env::vars_os() {
-            let Ok(name) = name.into_string() else {
-                continue;
-            };
-            match value.into_string() {
-                Ok(value) => {
+            match (name.into_string(), value.into_string()) {
+                (Ok(name), Ok(value)) => {
                     env.insert(name, value);
                 }
-                Err(_) if is_ours(&name) => unreadable.push(ConfigError::new(
+                (Ok(name), Err(_)) if is_ours(&name) => unreadable.push(ConfigError::new(
                     &name,
                     "the value is not valid UTF-8: set it as UTF-8 text",
                 )),
-                Err(_) => {}
+                _ => {}
             }
         }
-        match (Config::load(file, &env), unreadable.is_empty()) {
-            (result, true) => result,
-            (Ok(_), false) => Err(ConfigErrors(unreadable)),
-            (Err(ConfigErrors(errors)), false) => {
-                unreadable.extend(errors);
-                Err(ConfigErrors(unreadable))
-            }
+        match Config::load(file, &env) {
+            result if unreadable.is_empty() => result,
+            Ok(_) => Err(ConfigErrors(unreadable)),
+            Err(ConfigErrors(errors)) => Err(ConfigErrors([unreadable, errors].concat())),
         }
     }
 
@@ -634,41 +524,27 @@ impl Config {
     /// above it, `init_transactions` fails with INVALID_TRANSACTION_TIMEOUT. Only exactly-once
     /// delivery uses transactions, so the other modes always pass.
     pub fn check_broker_timeout(&self, transaction_max_timeout_ms: i64) -> Result<(), ConfigError> {
-        let timeout = self.transaction.timeout;
-        let broker_max_ms = u64::try_from(transaction_max_timeout_ms).unwrap_or(0);
+        let (timeout, max_ms) = (self.transaction.timeout, transaction_max_timeout_ms);
+        let broker_max = Duration::from_millis(u64::try_from(max_ms).unwrap_or(0));
         if self.bridge.delivery != Delivery::ExactlyOnce
-            || timeout.as_millis() <= u128::from(broker_max_ms)
+            || timeout.as_millis() <= broker_max.as_millis()
         {
             return Ok(());
         }
-        let broker_max = Duration::from_millis(broker_max_ms);
         let (epoch_key, epoch) = self.epoch();
-        let open = epoch.saturating_add(self.checkpoint.timeout);
-        Err(ConfigError::new(
-            "transaction.timeout",
-            format!(
-                "{} ({} ms) is above the sink brokers' transaction.max.timeout.ms = \
-                 {transaction_max_timeout_ms} ({}), so the brokers would refuse every \
-                 transaction; lower [transaction] timeout to at most {} (while keeping it above \
-                 {epoch_key} + checkpoint.timeout = {}), or raise transaction.max.timeout.ms on \
-                 the sink brokers",
-                show(timeout),
-                timeout.as_millis(),
-                show(broker_max),
-                show(broker_max),
-                show(open),
-            ),
-        ))
+        let (txn, ms, max) = (show(timeout), timeout.as_millis(), show(broker_max));
+        let open = show(epoch.saturating_add(self.checkpoint.timeout));
+        let message = format!("{txn} ({ms} ms) is above the sink brokers' transaction.max.timeout.ms = {max_ms} ({max}), so the brokers would refuse every transaction; lower [transaction] timeout to at most {max} (while keeping it above {epoch_key} + checkpoint.timeout = {open}), or raise transaction.max.timeout.ms on the sink brokers");
+        Err(ConfigError::new("transaction.timeout", message))
     }
 
     /// How long an epoch lasts, and the key that sets it: the checkpoint interval, or the minimum
     /// pause if that is longer. A transaction stays open for an epoch plus its checkpoint.
     fn epoch(&self) -> (&'static str, Duration) {
         let cp = &self.checkpoint;
-        if cp.min_pause > cp.interval {
-            ("checkpoint.min_pause", cp.min_pause)
-        } else {
-            ("checkpoint.interval", cp.interval)
+        match cp.min_pause > cp.interval {
+            true => ("checkpoint.min_pause", cp.min_pause),
+            false => ("checkpoint.interval", cp.interval),
         }
     }
 }
@@ -691,9 +567,7 @@ impl KafkaProps {
 
     /// The properties as librdkafka's clients take them.
     pub(crate) fn pairs(&self) -> Vec<(String, String)> {
-        self.iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect()
+        self.0.clone().into_iter().collect()
     }
 
     pub fn get(&self, key: &str) -> Option<&str> {
@@ -711,38 +585,26 @@ impl KafkaProps {
     /// Whether a property's value is a credential, to be kept out of logs and `Debug` output.
     pub fn is_sensitive(key: &str) -> bool {
         let key = key.to_ascii_lowercase();
-        let words = [
-            "password",
-            "passphrase",
-            "secret",
-            "jaas",
-            "token",
-            "credential",
-            "oauthbearer.config",
-        ];
-        words.iter().any(|word| key.contains(word))
-            || key.ends_with(".key")
-            || key.ends_with("key.pem")
+        let words = "password passphrase secret jaas token credential oauthbearer.config";
+        let ends = [".key", "key.pem"];
+        words.split(' ').any(|word| key.contains(word)) || ends.iter().any(|e| key.ends_with(e))
     }
 }
 
 impl<K: Into<String>, V: Into<String>> FromIterator<(K, V)> for KafkaProps {
     fn from_iter<I: IntoIterator<Item = (K, V)>>(iter: I) -> Self {
-        KafkaProps(
-            iter.into_iter()
-                .map(|(k, v)| (k.into(), v.into()))
-                .collect(),
-        )
+        let props = iter.into_iter().map(|(k, v)| (k.into(), v.into()));
+        KafkaProps(props.collect())
     }
 }
 
 impl fmt::Debug for KafkaProps {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let shown = self.iter().map(|(k, v)| match KafkaProps::is_sensitive(k) {
+        let shown = |(k, v)| match KafkaProps::is_sensitive(k) {
             true => (k, "***"),
             false => (k, v),
-        });
-        f.debug_map().entries(shown).finish()
+        };
+        f.debug_map().entries(self.iter().map(shown)).finish()
     }
 }
 
@@ -764,22 +626,8 @@ impl fmt::Debug for Secret {
 
 impl ConfigError {
     pub fn new(key: impl Into<String>, message: impl Into<String>) -> Self {
-        ConfigError {
-            key: key.into(),
-            message: message.into(),
-        }
-    }
-}
-
-impl fmt::Display for ConfigErrors {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        for (i, error) in self.0.iter().enumerate() {
-            if i > 0 {
-                f.write_str("\n")?;
-            }
-            write!(f, "{error}")?;
-        }
-        Ok(())
+        let (key, message) = (key.into(), message.into());
+        ConfigError { key, message }
     }
 }
 
@@ -800,20 +648,19 @@ fn count_opt<'de, D: Deserializer<'de>, T: TryFrom<u64>>(d: D) -> Result<Option<
 /// A whole number: an integer in the file, digits in the environment (the `config` crate alone
 /// would also read "yes" as 1).
 fn count<'de, D: Deserializer<'de>, T: TryFrom<u64>>(deserializer: D) -> Result<T, D::Error> {
-    let n: u64 = match Any::deserialize(deserializer)? {
+    let n = match Any::deserialize(deserializer)? {
         Any::Number(n) if n.as_i64().is_some_and(|n| n < 0) => {
-            let message = format!("{n} is negative: use a whole number of 0 or more");
-            return Err(de::Error::custom(message));
+            Err(format!("{n} is negative: use a whole number of 0 or more"))
         }
-        Any::String(s) => s.trim().parse().map_err(|_| {
-            de::Error::custom(format!(
-                r#"{s:?} is not a whole number: write digits only, such as "3""#
-            ))
-        })?,
+        Any::String(s) => s
+            .trim()
+            .parse()
+            .map_err(|_| format!(r#"{s:?} is not a whole number: write digits only, such as "3""#)),
         other => other
             .as_u64()
-            .ok_or_else(|| de::Error::custom(format!("{other} is not a whole number such as 3")))?,
+            .ok_or_else(|| format!("{other} is not a whole number such as 3")),
     };
+    let n = n.map_err(de::Error::custom)?;
     T::try_from(n).map_err(|_| de::Error::custom(format!("{n} is too large")))
 }
 
@@ -821,25 +668,21 @@ fn count<'de, D: Deserializer<'de>, T: TryFrom<u64>>(deserializer: D) -> Result<
 /// to write a list). Blank names in a string are dropped, so that a trailing comma is harmless and
 /// an empty value clears a list set by the file.
 fn topic_list<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Vec<String>, D::Error> {
-    let items = match Any::deserialize(deserializer)? {
-        Any::String(s) => {
-            let names = s.split(',').map(str::trim).filter(|t| !t.is_empty());
-            return Ok(names.map(String::from).collect());
-        }
-        Any::Array(items) => items,
-        other => {
-            return Err(de::Error::custom(format!(
-                r#"{other} is not a list of topic names: write ["a", "b"] in the file, "a,b" in the environment"#
-            )))
-        }
-    };
     let name = |(i, item): (usize, Any)| match item {
         Any::String(t) => Ok(t.trim().to_string()),
-        other => Err(de::Error::custom(format!(
+        other => Err(format!(
             "[{i}] is {other}, not a topic name: write each topic as a string"
-        ))),
+        )),
     };
-    items.into_iter().enumerate().map(name).collect()
+    match Any::deserialize(deserializer)? {
+        Any::String(s) => {
+            let names = s.split(',').map(str::trim).filter(|t| !t.is_empty());
+            Ok(names.map(String::from).collect())
+        }
+        Any::Array(items) => items.into_iter().enumerate().map(name).collect(),
+        other => Err(format!(r#"{other} is not a list of topic names: write ["a", "b"] in the file, "a,b" in the environment"#)),
+    }
+    .map_err(de::Error::custom)
 }
 
 fn listen_addr<'de, D: Deserializer<'de>>(deserializer: D) -> Result<SocketAddr, D::Error> {
@@ -904,27 +747,23 @@ impl Report {
     }
 
     fn with_env(&self, key: &str, message: impl Into<String>) -> ConfigError {
-        let message = message.into();
         match self.env_names.get(key) {
-            Some(var) => ConfigError::new(key, format!("{message} (set by {var})")),
+            Some(var) => ConfigError::new(key, format!("{} (set by {var})", message.into())),
             None => ConfigError::new(key, message),
         }
     }
 
     fn finish<T>(self, value: T) -> Result<T, ConfigErrors> {
-        if self.errors.is_empty() {
-            Ok(value)
-        } else {
-            Err(ConfigErrors(self.errors))
+        match self.errors.is_empty() {
+            true => Ok(value),
+            false => Err(ConfigErrors(self.errors)),
         }
     }
 
     fn note_env(&mut self, tree: &LayerMap<String, Value>) {
         let root = Value::new(None, ValueKind::Table(tree.clone()));
-        for (path, value) in leaves_of(&[], &root) {
-            if value.origin() == Some(ENV_ORIGIN) {
-                self.env_names.insert(path.join("."), env_name(&path));
-            }
+        for path in env_paths(&[], &root) {
+            self.env_names.insert(path.join("."), env_name(&path));
         }
     }
 
@@ -937,14 +776,15 @@ impl Report {
                 Ok(config) => return config,
                 Err(error) => error,
             };
-            let mut path = Vec::new();
-            for segment in error.path().iter() {
-                match segment {
-                    serde_path_to_error::Segment::Map { key } => path.push(key.clone()),
-                    _ => break,
-                }
-            }
-            path.truncate(2);
+            let path: Vec<String> = error
+                .path()
+                .iter()
+                .map_while(|segment| match segment {
+                    serde_path_to_error::Segment::Map { key } => Some(key.clone()),
+                    _ => None,
+                })
+                .take(2)
+                .collect();
             let reason = reason(error.inner());
             let Some(found) = remove(tree, &path) else {
                 // Every value has a path in the tree: this is a bug of this module.
@@ -955,17 +795,13 @@ impl Report {
             if let Some(accepted) = reason.strip_prefix("unknown field `") {
                 let accepted = accepted.split_once(", expected ").map_or("", |(_, a)| a);
                 let accepted = accepted.trim_start_matches("one of ").replace('`', "");
-                let vars: Vec<String> = leaves_of(&path, &found)
-                    .filter(|(_, v)| v.origin() == Some(ENV_ORIGIN))
-                    .map(|(p, _)| env_name(&p))
-                    .collect();
-                let from = match vars.len() {
-                    0 => String::new(),
-                    _ => format!(" (set by {})", vars.join(", ")),
-                };
+                let vars: Vec<String> = env_paths(&path, &found).iter().map(env_name).collect();
+                let from = (!vars.is_empty()).then(|| format!(" (set by {})", vars.join(", ")));
+                let from = from.unwrap_or_default();
                 let place = match &path[..] {
                     [_] => "the top level".to_string(),
-                    _ => format!("[{}]", path[..path.len() - 1].join(".")),
+                    [section, ..] => format!("[{section}]"),
+                    [] => String::new(),
                 };
                 let message =
                     format!("unknown key{from}: {place} accepts {accepted}; check the spelling");
@@ -993,87 +829,82 @@ impl Report {
     /// environment's value, however each one spelled the name.
     fn flatten_kafka(&mut self, tree: &mut LayerMap<String, Value>) {
         for section in ["source", "sink"] {
-            let Some(Value {
-                kind: ValueKind::Table(table),
-                ..
-            }) = tree.get_mut(section)
-            else {
+            let Some(ValueKind::Table(table)) = tree.get_mut(section).map(|s| &mut s.kind) else {
                 continue;
             };
-            let Some(kafka) = table.remove("kafka") else {
+            let (Some(kafka), path) = (table.remove("kafka"), format!("{section}.kafka")) else {
                 continue;
             };
-            let path = format!("{section}.kafka");
             if !matches!(kafka.kind, ValueKind::Table(_)) {
                 self.broken.push(path.clone());
-                self.fail(
-                    &path,
-                    format!(r#"expected a table of librdkafka properties, e.g. [{path}] "compression.type" = "zstd""#),
-                );
+                let example = r#""compression.type" = "zstd""#;
+                let message =
+                    format!("expected a table of librdkafka properties, e.g. [{path}] {example}");
+                self.fail(&path, message);
                 continue;
             }
-            let mut props: Vec<(Vec<String>, Value)> = leaves_of(&[], &kafka).collect();
+            let mut props = leaves_of(&[], &kafka);
             // Stable: within each origin the order stays sorted; the environment's come last and win.
-            props.sort_by_key(|(_, v)| v.origin() == Some(ENV_ORIGIN));
+            props.sort_by_key(|(_, v)| from_env(v));
+            props.retain(|(_, v)| !matches!(v.kind, ValueKind::Nil));
             let mut flat: BTreeMap<String, (String, bool, Value)> = BTreeMap::new();
             for (segments, leaf) in props {
-                let spelled = segments.join(".");
+                let (spelled, env) = (segments.join("."), from_env(&leaf));
                 let name = spelled.replace('_', ".");
                 let key = format!("{path}.{name}");
-                let from_env = leaf.origin() == Some(ENV_ORIGIN);
-                if from_env {
-                    let var = [section, "kafka"]
-                        .into_iter()
-                        .chain(segments.iter().map(String::as_str));
-                    self.env_names.insert(key.clone(), env_name(var));
+                if env {
+                    let var = env_name(format!("{path}.{spelled}").split('.'));
+                    self.env_names.insert(key.clone(), var);
                 }
-                match leaf.kind {
-                    ValueKind::Nil => continue,
-                    ValueKind::Array(_) => {
-                        self.broken.push(key.clone());
-                        self.fail(&key, "librdkafka properties are single values: write a list as one comma-separated string");
-                        continue;
-                    }
-                    _ => {}
-                }
-                if let Some((other, _, _)) = flat.get(&name).filter(|(_, e, _)| *e == from_env) {
-                    let place = if from_env {
-                        "the environment"
-                    } else {
-                        "the file"
-                    };
+                if matches!(leaf.kind, ValueKind::Array(_)) {
+                    self.broken.push(key.clone());
+                    self.fail(&key, "librdkafka properties are single values: write a list as one comma-separated string");
+                } else if let Some((other, _, _)) = flat.get(&name).filter(|(_, e, _)| *e == env) {
+                    let place = if env { "the environment" } else { "the file" };
                     let message =
                         format!("set twice in {place}, as `{other}` and as `{spelled}`: keep one");
                     self.fail(&key, message);
-                    continue;
+                } else {
+                    flat.insert(name, (spelled, env, leaf));
                 }
-                flat.insert(name, (spelled, from_env, leaf));
             }
-            let flat = flat.into_iter().map(|(name, (_, _, v))| (name, v));
-            table.insert(
-                "kafka".into(),
-                Value::new(None, ValueKind::Table(flat.collect())),
-            );
+            let flat = flat
+                .into_iter()
+                .map(|(name, (_, _, v))| (name, v))
+                .collect();
+            table.insert("kafka".into(), Value::new(None, ValueKind::Table(flat)));
         }
     }
 
     /// Runs every rule whose keys all parsed.
     fn check(&mut self, config: &Config) {
+        let related = |a: &str, b: &str| {
+            a == b || a.starts_with(&format!("{b}.")) || b.starts_with(&format!("{a}."))
+        };
         for (reads, rule) in RULES {
-            let related = |a: &str, b: &str| {
-                a == b || a.starts_with(&format!("{b}.")) || b.starts_with(&format!("{a}."))
-            };
-            if reads
+            if !reads
                 .iter()
                 .any(|r| self.broken.iter().any(|b| related(r, b)))
             {
-                continue;
-            }
-            for ConfigError { key, message } in rule(config) {
-                self.fail(&key, message);
+                for ConfigError { key, message } in rule(config) {
+                    self.fail(&key, message);
+                }
             }
         }
     }
+}
+
+fn from_env(value: &Value) -> bool {
+    value.origin() == Some(ENV_ORIGIN)
+}
+
+/// The paths of the values under `value` that the environment set.
+fn env_paths(path: &[String], value: &Value) -> Vec<Vec<String>> {
+    let leaves = leaves_of(path, value).into_iter();
+    leaves
+        .filter(|(_, v)| from_env(v))
+        .map(|(p, _)| p)
+        .collect()
 }
 
 /// serde's message without the `config` crate's " for key `…` in …" (the key is reported apart).
@@ -1084,7 +915,9 @@ fn reason(error: &::config::ConfigError) -> String {
             unexpected,
             expected,
             ..
-        } => format!("invalid type: {unexpected}, expected {expected}"),
+        } => {
+            format!("invalid type: {unexpected}, expected {expected}")
+        }
         other => one_line(&other.to_string()),
     }
 }
@@ -1107,99 +940,77 @@ fn bad_duration(found: &Value) -> String {
 
 /// Takes the value at `path` out of the tree.
 fn remove(tree: &mut LayerMap<String, Value>, path: &[String]) -> Option<Value> {
-    match path {
-        [key] => tree.remove(key),
-        [section, rest @ ..] => match &mut tree.get_mut(section)?.kind {
+    match (path, path.split_first()) {
+        ([key], _) => tree.remove(key),
+        (_, Some((section, rest))) => match &mut tree.get_mut(section)?.kind {
             ValueKind::Table(table) => remove(table, rest),
             _ => None,
         },
-        [] => None,
+        (_, None) => None,
     }
 }
 
 /// Every value under `value` that is not a table, with its path, in sorted order.
-fn leaves_of(path: &[String], value: &Value) -> std::vec::IntoIter<(Vec<String>, Value)> {
-    match &value.kind {
-        ValueKind::Table(table) => {
-            let sorted: BTreeMap<&String, &Value> = table.iter().collect();
-            let mut out = Vec::new();
-            for (key, value) in sorted {
-                let mut path = path.to_vec();
-                path.push(key.clone());
-                out.extend(leaves_of(&path, value));
-            }
-            out.into_iter()
-        }
-        _ => vec![(path.to_vec(), value.clone())].into_iter(),
-    }
+fn leaves_of(path: &[String], value: &Value) -> Vec<(Vec<String>, Value)> {
+    let ValueKind::Table(table) = &value.kind else {
+        return vec![(path.to_vec(), value.clone())];
+    };
+    let sorted: BTreeMap<&String, &Value> = table.iter().collect();
+    let leaves = sorted
+        .into_iter()
+        .map(|(key, v)| leaves_of(&[path, std::slice::from_ref(key)].concat(), v));
+    leaves.flatten().collect()
 }
 
 fn env_name<S: AsRef<str>>(path: impl IntoIterator<Item = S>) -> String {
-    let mut name = ENV_PREFIX.to_string();
-    for segment in path {
-        name.push_str(ENV_SEPARATOR);
-        name.push_str(&segment.as_ref().to_ascii_uppercase());
-    }
-    name
+    let levels = path.into_iter().map(|s| s.as_ref().to_ascii_uppercase());
+    [ENV_PREFIX.to_string()]
+        .into_iter()
+        .chain(levels)
+        .collect::<Vec<_>>()
+        .join(ENV_SEPARATOR)
 }
 
 /// What a rule found wrong, each error on its key.
 type Found = Vec<ConfigError>;
 type Rule = fn(&Config) -> Found;
 
+/// A row of `RULES` for a rule on one key: `|c| key (+ other keys it reads) if broken => message`,
+/// the message (`format!` arguments) made only for a broken value.
+macro_rules! rule {
+    (|$c:ident| $key:literal $(+ $reads:literal)* if $broken:expr => $($message:tt)+) => {
+        (&[$key $(, $reads)*], |$c: &Config| when($broken, $key, || format!($($message)+)))
+    };
+}
+
 /// Every rule, with the keys it reads: a rule is skipped when one of them did not parse, since
 /// judged on a stand-in default it would report a value never written. Errors come in this order.
 const RULES: &[(&[&str], Rule)] = &[
     (&["bridge.id"], bridge_id),
-    (&["bridge.instances"], |c| {
-        when(c.bridge.instances == 0, "bridge.instances", || {
-            "0: a bridge runs as at least one instance; use 1 or more".into()
-        })
-    }),
-    (&["bridge.instance", "bridge.instances"], |c| {
-        let BridgeConfig {
-            instance,
-            instances,
-            ..
-        } = c.bridge;
-        when(
-            instances > 0 && instance >= instances,
-            "bridge.instance",
-            || {
-                let last = instances - 1;
-                format!("{instance} is out of range for bridge.instances = {instances}: instances are numbered 0 to {last}; use one of those numbers or raise bridge.instances")
-            },
-        )
-    }),
-    (&["bridge.state_dir"], |c| {
-        when(
-            c.bridge.state_dir.as_os_str().is_empty(),
-            "bridge.state_dir",
-            || {
-                r#"is empty: name the directory that holds this instance's checkpoints, e.g. "state""#.into()
-            },
-        )
-    }),
+    rule!(|c| "bridge.instances" if c.bridge.instances == 0
+        => "0: a bridge runs as at least one instance; use 1 or more"),
+    rule!(|c| "bridge.instance" + "bridge.instances" if c.bridge.instances > 0 && c.bridge.instance >= c.bridge.instances
+        => "{} is out of range for bridge.instances = {}: instances are numbered 0 to {}; use one of those numbers or raise bridge.instances",
+        c.bridge.instance, c.bridge.instances, c.bridge.instances - 1),
+    rule!(|c| "bridge.state_dir" if c.bridge.state_dir.as_os_str().is_empty()
+        => r#"is empty: name the directory that holds this instance's checkpoints, e.g. "state""#),
     (&["source.bootstrap_servers"], |c| {
         servers("source.bootstrap_servers", &c.source.bootstrap_servers)
     }),
     (&["source.topic_pattern"], |c| {
         let pattern = c.source.topic_pattern.as_deref().unwrap_or_default();
-        let Err(e) = anchored(pattern) else {
-            return vec![];
-        };
-        let why = regex_reason(&e);
-        let message = format!("{pattern:?} is not a valid regular expression ({why}): fix the syntax; it must match whole topic names");
-        vec![ConfigError::new("source.topic_pattern", message)]
+        at("source.topic_pattern", compile(pattern).err())
     }),
     (&["source.topics"], |c| {
-        let bad = c
-            .source
-            .topics
-            .iter()
-            .filter_map(|t| Some((t, check_topic_name(t).err()?)));
-        let message = |(topic, why)| format!("{topic:?} {why}: fix the topic's name");
-        bad.map(|bad| ConfigError::new("source.topics", message(bad)))
+        let bad = |t: &String| {
+            Some(format!(
+                "{t:?} {}: fix the topic's name",
+                check_topic_name(t).err()?
+            ))
+        };
+        let errors = c.source.topics.iter().filter_map(bad);
+        errors
+            .map(|m| ConfigError::new("source.topics", m))
             .collect()
     }),
     (&["source.topics", "source.topic_pattern"], source_topics),
@@ -1207,182 +1018,101 @@ const RULES: &[(&[&str], Rule)] = &[
         let Some(exclude) = c.source.topic_exclude.as_deref() else {
             return vec![];
         };
-        let message = match anchored(exclude) {
-            Err(e) => format!("{exclude:?} is not a valid regular expression ({}): fix the syntax; it must match whole topic names", regex_reason(&e)),
-            Ok(re) => match c.source.topics.iter().find(|t| re.is_match(t)) {
-                Some(t) => format!("{exclude:?} excludes {t:?}, which source.topics lists: remove it from the list, or narrow the exclusion"),
-                None => return vec![],
-            },
+        let listed = |re: Regex| c.source.topics.iter().find(|t| re.is_match(t)).cloned();
+        let message = match compile(exclude).map(listed) {
+            Err(message) => Some(message),
+            Ok(listed) => listed.map(|t| format!("{exclude:?} excludes {t:?}, which source.topics lists: remove it from the list, or narrow the exclusion")),
         };
-        vec![ConfigError::new("source.topic_exclude", message)]
+        at("source.topic_exclude", message)
     }),
-    (&["sink.replication_factor"], |c| {
-        let n = c.sink.replication_factor.unwrap_or(1);
-        when(
-            n == 0 || n > i16::MAX as u16,
-            "sink.replication_factor",
-            || {
-                format!("{n} is not a replica count: use 1 to {}, at most the sink cluster's brokers, or leave it unset for the broker's default", i16::MAX)
-            },
-        )
-    }),
+    rule!(|c| "sink.replication_factor" if matches!(c.sink.replication_factor, Some(n) if n == 0 || n > i16::MAX as u16)
+        => "{} is not a replica count: use 1 to {}, at most the sink cluster's brokers, or leave it unset for the broker's default",
+        c.sink.replication_factor.unwrap_or_default(), i16::MAX),
     (&["sink.bootstrap_servers"], |c| {
         // Unset, the sink's servers are the source's: one error about them is enough.
         let (source, sink) = (&c.source.bootstrap_servers, &c.sink.bootstrap_servers);
-        match sink == source {
-            true => vec![],
-            false => servers("sink.bootstrap_servers", sink),
+        let errors = servers("sink.bootstrap_servers", sink);
+        if sink == source {
+            vec![]
+        } else {
+            errors
         }
     }),
     (&["sink.topic"], sink_topic_name),
     (&["sink.marker_topic"], |c| {
-        let Some(Err(why)) = marker_judged(c) else {
-            return vec![];
-        };
         let (marker, default) = (&c.sink.marker_topic, default_marker_topic(&c.bridge.id));
-        let message = format!("{marker:?} {why}: leave it unset for the default {default:?}");
-        vec![ConfigError::new("sink.marker_topic", message)]
+        let why = marker_judged(c).and_then(Result::err);
+        let message =
+            why.map(|why| format!("{marker:?} {why}: leave it unset for the default {default:?}"));
+        at("sink.marker_topic", message)
     }),
     (TOPICS, own_output),
-    (&["sink.on_bad_record", "sink.dead_letter_topic"], |c| {
-        // A dead-letter topic that is never used is a half-finished configuration.
-        let (policy, dlq) = (c.sink.on_bad_record, &c.sink.dead_letter_topic);
-        let unused = policy != OnBadRecord::DeadLetter && dlq != DEFAULT_DEAD_LETTER_TOPIC;
-        when(unused, "sink.dead_letter_topic", || {
-            format!(
-                r#"{dlq:?} is set but sink.on_bad_record is "{policy}", which never writes to it: set on_bad_record = "dead-letter" in [sink], or remove dead_letter_topic"#
-            )
-        })
-    }),
-    (
-        &[
-            "sink.on_bad_record",
-            "sink.dead_letter_topic",
-            "bridge.delivery",
-        ],
-        |c| {
-            let at_most_once = c.bridge.delivery == Delivery::AtMostOnce;
-            when(
-                dead_letters(c) && at_most_once,
-                "sink.on_bad_record",
-                || {
-                    r#""dead-letter" cannot work with bridge.delivery = "at-most-once", which checkpoints past an epoch's records before writing them, so a refused record is never read again to be dead-lettered: use on_bad_record = "stop", or exactly-once or at-least-once delivery"#.into()
-                },
-            )
-        },
-    ),
+    // A dead-letter topic that is never used is a half-finished configuration.
+    rule!(|c| "sink.dead_letter_topic" + "sink.on_bad_record" if !dead_letters(c) && c.sink.dead_letter_topic != DEFAULT_DEAD_LETTER_TOPIC
+        => r#"{:?} is set but sink.on_bad_record is "{}", which never writes to it: set on_bad_record = "dead-letter" in [sink], or remove dead_letter_topic"#,
+        c.sink.dead_letter_topic, c.sink.on_bad_record),
+    rule!(|c| "sink.on_bad_record" + "sink.dead_letter_topic" + "bridge.delivery" if dead_letters(c) && c.bridge.delivery == Delivery::AtMostOnce
+        => r#""dead-letter" cannot work with bridge.delivery = "at-most-once", which checkpoints past an epoch's records before writing them, so a refused record is never read again to be dead-lettered: use on_bad_record = "stop", or exactly-once or at-least-once delivery"#),
     (&["sink.on_bad_record", "sink.dead_letter_topic"], |c| {
         let (dlq, sample) = (&c.sink.dead_letter_topic, c.dead_letter_topic_for("t"));
         let Err(why) = check_topic_name(&sample) else {
             return vec![];
         };
-        let names = match sample == *dlq {
-            true => String::new(),
-            false => format!(" gives topic names like {sample:?}, which"),
-        };
-        let message = format!(r#"{dlq:?}{names} {why}: use e.g. "{DEFAULT_DEAD_LETTER_TOPIC}""#);
-        when(dead_letters(c), "sink.dead_letter_topic", || message)
-    }),
-    (DEAD_LETTER_TOPICS, dead_letter_clash),
-    (&["checkpoint.interval"], |c| {
-        positive("checkpoint.interval", c.checkpoint.interval)
-    }),
-    (&["checkpoint.timeout"], |c| {
-        positive("checkpoint.timeout", c.checkpoint.timeout)
-    }),
-    (&["checkpoint.max_bytes"], |c| {
-        let why = "would end every epoch at its first record";
-        some_bytes("checkpoint.max_bytes", c.checkpoint.max_bytes, why)
-    }),
-    (&["sink.max_in_flight_bytes"], |c| {
-        let why = "would let no record be sent";
-        some_bytes("sink.max_in_flight_bytes", c.sink.max_in_flight_bytes, why)
-    }),
-    (&["checkpoint.retain"], |c| {
-        when(c.checkpoint.retain == 0, "checkpoint.retain", || {
-            "0 would keep no checkpoint to recover from: keep at least 1 (3 by default)".into()
+        when(dead_letters(c), "sink.dead_letter_topic", || {
+            format!(
+                r#"{} {why}: use e.g. "{DEFAULT_DEAD_LETTER_TOPIC}""#,
+                template(dlq, &sample)
+            )
         })
     }),
-    (&["transaction.timeout"], |c| {
-        positive("transaction.timeout", c.transaction.timeout)
-    }),
-    (&["transaction.timeout", "bridge.delivery"], |c| {
-        let txn = c.transaction.timeout;
-        let exactly_once = c.bridge.delivery == Delivery::ExactlyOnce;
-        when(
-            exactly_once && !txn.is_zero() && transactional(c).is_none(),
-            "transaction.timeout",
-            || {
-                let (txn, max) = (show(txn), show(MAX_TRANSACTION_TIMEOUT));
-                format!("{txn} is outside librdkafka's range for transaction.timeout.ms, 1s to {max}: choose a value in it")
-            },
-        )
-    }),
+    (DEAD_LETTER_TOPICS, dead_letter_clash),
+    rule!(|c| "checkpoint.interval" if c.checkpoint.interval.is_zero() => "{NOT_ZERO}: {DURATION_EXAMPLES}"),
+    rule!(|c| "checkpoint.timeout" if c.checkpoint.timeout.is_zero() => "{NOT_ZERO}: {DURATION_EXAMPLES}"),
+    rule!(|c| "checkpoint.max_bytes" if c.checkpoint.max_bytes == 0
+        => "0 would end every epoch at its first record: {SOME_BYTES}"),
+    rule!(|c| "sink.max_in_flight_bytes" if c.sink.max_in_flight_bytes == 0
+        => "0 would let no record be sent: {SOME_BYTES}"),
+    rule!(|c| "checkpoint.retain" if c.checkpoint.retain == 0
+        => "0 would keep no checkpoint to recover from: keep at least 1 (3 by default)"),
+    rule!(|c| "transaction.timeout" if c.transaction.timeout.is_zero() => "{NOT_ZERO}: {DURATION_EXAMPLES}"),
+    rule!(|c| "transaction.timeout" + "bridge.delivery" if c.bridge.delivery == Delivery::ExactlyOnce && !c.transaction.timeout.is_zero() && transactional(c).is_none()
+        => "{} is outside librdkafka's range for transaction.timeout.ms, 1s to {}: choose a value in it",
+        show(c.transaction.timeout), show(MAX_TRANSACTION_TIMEOUT)),
     (EPOCH, transaction_outlives_epoch),
     (
         &["transaction.timeout", "bridge.delivery", "sink.kafka"],
         delivery_timeouts,
     ),
     (&[], passthrough),
-    (&["api.admin_token"], |c| {
-        let empty = c
-            .api
-            .admin_token
-            .as_ref()
-            .is_some_and(|t| t.expose().is_empty());
-        when(empty, "api.admin_token", || {
-            "is empty: set a long random token, or leave the key out".into()
-        })
-    }),
-    (&["api.ready_max_age"], |c| {
-        when(
-            c.api.ready_max_age == Some(Duration::ZERO),
-            "api.ready_max_age",
-            || {
-                let default = show(c.checkpoint.default_ready_max_age());
-                format!(
-                    r#""0s" would never report ready: leave it out for the default ({default}) or {DURATION_EXAMPLES}"#
-                )
-            },
-        )
-    }),
+    rule!(|c| "api.admin_token" if c.api.admin_token.as_ref().is_some_and(|t| t.expose().is_empty())
+        => "is empty: set a long random token, or leave the key out"),
+    rule!(|c| "api.ready_max_age" if c.api.ready_max_age == Some(Duration::ZERO)
+        => r#""0s" would never report ready: leave it out for the default ({}) or {DURATION_EXAMPLES}"#,
+        show(c.checkpoint.default_ready_max_age())),
     (&["api.tls_cert", "api.tls_key"], |c| {
         let (set, missing) = match (&c.api.tls_cert, &c.api.tls_key) {
             (Some(_), None) => ("api.tls_cert", "api.tls_key"),
             (None, Some(_)) => ("api.tls_key", "api.tls_cert"),
             _ => return vec![],
         };
-        let message = format!(
-            "is required with {set}: set both PEM paths to serve HTTPS, or neither for plain HTTP"
-        );
-        vec![ConfigError::new(missing, message)]
+        let fix = "set both PEM paths to serve HTTPS, or neither for plain HTTP";
+        vec![ConfigError::new(
+            missing,
+            format!("is required with {set}: {fix}"),
+        )]
     }),
-    (&["offsets.max_runs"], |c| {
-        when(c.offsets.max_runs == 0, "offsets.max_runs", || {
-            "0 leaves no room for a run: use a whole number of 1 or more, such as 4096".into()
-        })
-    }),
-    (&["offsets.retention"], |c| {
-        when(c.offsets.retention.is_zero(), "offsets.retention", || {
-            r#""0s" keeps no mapping: use e.g. "24h""#.into()
-        })
-    }),
-    (&["bridge.unreachable_timeout"], |c| {
-        when(
-            c.bridge.unreachable_timeout.is_zero(),
-            "bridge.unreachable_timeout",
-            || {
-                r#""0s" would stop at the first refused connection: use e.g. "5m" (the default)"#
-                    .into()
-            },
-        )
-    }),
-    (&["shutdown.timeout"], |c| {
-        when(c.shutdown.timeout.is_zero(), "shutdown.timeout", || {
-            r#""0s" leaves no time to finish the last checkpoint: use e.g. "30s""#.into()
-        })
-    }),
+    rule!(|c| "offsets.max_runs" if c.offsets.max_runs == 0
+        => "0 leaves no room for a run: use a whole number of 1 or more, such as 4096"),
+    rule!(|c| "offsets.retention" if c.offsets.retention.is_zero()
+        => r#""0s" keeps no mapping: use e.g. "24h""#),
+    rule!(|c| "bridge.unreachable_timeout" if c.bridge.unreachable_timeout.is_zero()
+        => r#""0s" would stop at the first refused connection: use e.g. "5m" (the default)"#),
+    rule!(|c| "shutdown.timeout" if c.shutdown.timeout.is_zero()
+        => r#""0s" leaves no time to finish the last checkpoint: use e.g. "30s""#),
 ];
+
+const NOT_ZERO: &str = r#""0s" must be longer than zero"#;
+const SOME_BYTES: &str = "give a number of bytes, such as 16777216 for 16 MiB";
 
 /// What the rules on the topics that must stay apart read.
 const TOPICS: &[&str] = &[
@@ -1411,10 +1141,15 @@ const EPOCH: &[&str] = &[
 
 /// The error `message()` on `key` if `broken`.
 fn when(broken: bool, key: &str, message: impl FnOnce() -> String) -> Found {
-    match broken {
-        true => vec![ConfigError::new(key, message())],
-        false => vec![],
-    }
+    at(key, broken.then(message))
+}
+
+/// The error `message` on `key`, if there is one.
+fn at(key: &str, message: Option<String>) -> Found {
+    message
+        .map(|m| ConfigError::new(key, m))
+        .into_iter()
+        .collect()
 }
 
 fn bridge_id(c: &Config) -> Found {
@@ -1422,10 +1157,7 @@ fn bridge_id(c: &Config) -> Found {
     let message = if id.is_empty() {
         r#"is required: name the bridge, e.g. id = "orders-mirror" in [bridge] or EOS_BRIDGE__BRIDGE__ID=orders-mirror; it keys the transactional id and the commit markers, so keep it stable"#.to_string()
     } else if !id.chars().all(legal) {
-        let fixed: String = id
-            .chars()
-            .map(|ch| if legal(ch) { ch } else { '-' })
-            .collect();
+        let fixed = id.replace(|ch| !legal(ch), "-");
         format!("{id:?} may only hold letters, digits, '.', '_' and '-' (it becomes part of the transactional id): e.g. {fixed:?}")
     } else {
         return vec![];
@@ -1443,22 +1175,27 @@ fn source_topics(c: &Config) -> Found {
     vec![ConfigError::new(key, message)]
 }
 
+/// How a message on a topic template starts: the template, and the names it gives if it has a
+/// placeholder.
+fn template(template: &str, sample: &str) -> String {
+    match sample == template {
+        true => format!("{template:?}"),
+        false => format!("{template:?} gives topic names like {sample:?}, which"),
+    }
+}
+
 fn sink_topic_name(c: &Config) -> Found {
     let (topic, sample) = (&c.sink.topic, c.sink_topic_for("t"));
     let Err(why) = check_topic_name(&sample) else {
         return vec![];
     };
-    let names = match sample == *topic {
-        true => String::new(),
-        false => format!(" gives topic names like {sample:?}, which"),
-    };
     let placeholder = match sample.contains('{') {
         true => format!(" ({SOURCE_TOPIC_PLACEHOLDER} is the only placeholder)"),
         false => String::new(),
     };
-    let message = format!(
-        r#"{topic:?}{names} {why}{placeholder}: use e.g. "{SOURCE_TOPIC_PLACEHOLDER}-copy""#
-    );
+    let topic = template(topic, &sample);
+    let message =
+        format!(r#"{topic} {why}{placeholder}: use e.g. "{SOURCE_TOPIC_PLACEHOLDER}-copy""#);
     vec![ConfigError::new("sink.topic", message)]
 }
 
@@ -1485,6 +1222,7 @@ fn own_output(c: &Config) -> Found {
     let topic_ok = check_topic_name(&c.sink_topic_for("t")).is_ok();
     let marker_ok = marker_judged(c) == Some(Ok(()));
     let (listed, pattern) = sources(c);
+    let matched = |t: &str| pattern.as_ref().is_some_and(|p| p.is_match(t));
     let constant = !topic.contains(SOURCE_TOPIC_PLACEHOLDER);
     let default = default_marker_topic(&c.bridge.id);
     let sink_topics = listed.iter().map(|t| c.sink_topic_for(t));
@@ -1503,28 +1241,21 @@ fn own_output(c: &Config) -> Found {
         r#"use e.g. "{SOURCE_TOPIC_PLACEHOLDER}-copy", or a sink.bootstrap_servers of another cluster"#
     );
     let source_pattern = source.topic_pattern.as_deref().unwrap_or_default();
-    let message = if !topic_ok {
-        None
-    } else if topic == SOURCE_TOPIC_PLACEHOLDER {
-        Some(format!("{topic:?} writes every topic onto itself, since source and sink are the same cluster ({servers:?}): {fix}"))
-    } else if let Some((from, to)) = listed
+    let onto_source = listed
         .iter()
         .zip(sink_topics)
-        .find(|(_, to)| source.topics.contains(to))
-    {
-        Some(format!("{topic:?} writes source topic {from:?} to {to:?}, which is itself a source topic on the same cluster: the bridge would read its own output; {fix}"))
-    } else if pattern
-        .as_ref()
-        .is_some_and(|p| constant && p.is_match(topic))
-    {
-        Some(format!("{topic:?} is matched by source.topic_pattern {source_pattern:?} on the same cluster: the bridge would read its own output; narrow the pattern or {fix}"))
-    } else {
-        None
+        .find(|(_, to)| source.topics.contains(to));
+    let message = match onto_source {
+        _ if !topic_ok => None,
+        _ if topic == SOURCE_TOPIC_PLACEHOLDER => Some(format!("{topic:?} writes every topic onto itself, since source and sink are the same cluster ({servers:?}): {fix}")),
+        Some((from, to)) => Some(format!("{topic:?} writes source topic {from:?} to {to:?}, which is itself a source topic on the same cluster: the bridge would read its own output; {fix}")),
+        None if constant && matched(topic) => Some(format!("{topic:?} is matched by source.topic_pattern {source_pattern:?} on the same cluster: the bridge would read its own output; narrow the pattern or {fix}")),
+        None => None,
     };
     found.extend(message.map(|m| ConfigError::new("sink.topic", m)));
     if marker_ok && listed.contains(marker) {
         found.push(ConfigError::new("source.topics", format!("{marker:?} is the marker topic of the same cluster: the bridge would read its own commit markers as data; remove it")));
-    } else if marker_ok && pattern.is_some_and(|p| p.is_match(marker)) {
+    } else if marker_ok && matched(marker) {
         found.push(ConfigError::new("source.topic_pattern", format!("{source_pattern:?} matches the marker topic {marker:?} of the same cluster: the bridge would read its own commit markers as data; narrow the pattern, e.g. to the topics' common prefix")));
     }
     found
@@ -1544,12 +1275,10 @@ fn dead_letter_clash(c: &Config) -> Found {
     // without the placeholder (one topic for all) or one identical to another's.
     let (listed, pattern) = sources(c);
     let constant = !template.contains(SOURCE_TOPIC_PLACEHOLDER);
-    let mut pairs: Vec<(String, String)> = listed
-        .iter()
-        .map(|t| (c.dead_letter_topic_for(t), c.sink_topic_for(t)))
-        .collect();
+    let pair = |t: &str| (c.dead_letter_topic_for(t), c.sink_topic_for(t));
+    let mut pairs: Vec<(String, String)> = listed.iter().map(|t| pair(t)).collect();
     if listed.is_empty() && (constant || template == &sink.topic) {
-        pairs.push((c.dead_letter_topic_for("t"), c.sink_topic_for("t")));
+        pairs.push(pair("t"));
     }
     let fix = format!(r#"use e.g. "{DEFAULT_DEAD_LETTER_TOPIC}""#);
     let key = "sink.dead_letter_topic";
@@ -1562,20 +1291,13 @@ fn dead_letter_clash(c: &Config) -> Found {
         return vec![ConfigError::new(key, format!("{template:?} gives {dlq:?}, which is also {what}: dead letters need a topic of their own; {fix}"))];
     }
     let same = same_cluster(&c.source.bootstrap_servers, &sink.bootstrap_servers);
-    let read_back = pairs.iter().map(|(dlq, _)| dlq).find(|dlq| {
-        listed.contains(dlq)
-            || pattern
-                .as_ref()
-                .is_some_and(|p| constant && p.is_match(dlq))
-    });
+    let matched = |t: &str| pattern.as_ref().is_some_and(|p| constant && p.is_match(t));
+    let mut read_back = pairs.iter().map(|(dlq, _)| dlq).filter(|_| same);
+    let found = read_back.find(|dlq| listed.contains(dlq) || matched(dlq));
     let message = |dlq| {
         format!("{template:?} gives {dlq:?}, which is a source topic of the same cluster: the bridge would read its own dead letters; {fix}")
     };
-    read_back
-        .filter(|_| same)
-        .map(|dlq| ConfigError::new(key, message(dlq)))
-        .into_iter()
-        .collect()
+    at(key, found.map(message))
 }
 
 /// `transaction.timeout` when exactly-once delivery uses transactions and the timeout is in
@@ -1591,15 +1313,10 @@ fn transaction_outlives_epoch(c: &Config) -> Found {
     let Some(txn) = transactional(c) else {
         return vec![];
     };
-    let (epoch_key, epoch) = c.epoch();
-    let open = epoch.saturating_add(c.checkpoint.timeout);
+    let ((epoch_key, epoch), timeout) = (c.epoch(), c.checkpoint.timeout);
+    let open = epoch.saturating_add(timeout);
     when(open >= txn, "transaction.timeout", || {
-        let (txn, epoch, timeout, open) = (
-            show(txn),
-            show(epoch),
-            show(c.checkpoint.timeout),
-            show(open),
-        );
+        let [txn, epoch, timeout, open] = [txn, epoch, timeout, open].map(show);
         format!("{txn} must be longer than {epoch_key} ({epoch}) + checkpoint.timeout ({timeout}) = {open}, the longest a transaction stays open, or the brokers abort it before it commits: raise [transaction] timeout above {open} (within the sink brokers' transaction.max.timeout.ms, 15m by default) or shorten the checkpoint settings")
     })
 }
@@ -1611,32 +1328,27 @@ fn delivery_timeouts(c: &Config) -> Found {
         return vec![];
     };
     let (kafka, txn_ms, shown) = (&c.sink.kafka, txn.as_millis(), show(txn));
-    let mut found = Vec::new();
-    let set = ["message.timeout.ms", "delivery.timeout.ms"].map(|name| kafka.get(name).is_some());
-    if set == [true, true] {
+    let (limit, mut found) = (txn_ms.saturating_sub(100), Vec::new());
+    if kafka.get("message.timeout.ms").is_some() && kafka.get("delivery.timeout.ms").is_some() {
         found.push(ConfigError::new(
             "sink.kafka.delivery.timeout.ms",
             "is librdkafka's other name for message.timeout.ms, which is set too: keep one",
         ));
     }
-    for name in [
-        "message.timeout.ms",
-        "delivery.timeout.ms",
-        "socket.timeout.ms",
-    ] {
-        let (key, limit) = (format!("sink.kafka.{name}"), txn_ms.saturating_sub(100));
-        let Some(value) = kafka.get(name) else {
+    for name in ["message", "delivery", "socket"].map(|n| format!("{n}.timeout.ms")) {
+        let Some(value) = kafka.get(&name) else {
             continue;
         };
+        let socket = name == "socket.timeout.ms";
         let message = match value.trim().parse::<u128>() {
             Err(_) => format!("{value:?} is not a whole number of milliseconds: write digits only"),
-            Ok(ms) if name == "socket.timeout.ms" && ms > limit => format!("{ms} must be at least 100 ms below transaction.timeout ({shown}, {txn_ms} ms), so a request can fail and be retried before the transaction times out: set at most {limit}, or leave it out"),
-            Ok(_) if name == "socket.timeout.ms" => continue,
+            Ok(ms) if socket && ms > limit => format!("{ms} must be at least 100 ms below transaction.timeout ({shown}, {txn_ms} ms), so a request can fail and be retried before the transaction times out: set at most {limit}, or leave it out"),
+            Ok(_) if socket => continue,
             Ok(0) => format!("0 lets a record wait forever, but its transaction is aborted after transaction.timeout ({shown}): set at most {txn_ms}, or leave it out to follow transaction.timeout"),
             Ok(ms) if ms > txn_ms => format!("{ms} is above transaction.timeout ({shown}, {txn_ms} ms): a record could outlive its transaction; set at most {txn_ms}, or leave it out to follow transaction.timeout"),
             Ok(_) => continue,
         };
-        found.push(ConfigError::new(key, message));
+        found.push(ConfigError::new(format!("sink.kafka.{name}"), message));
     }
     found
 }
@@ -1647,15 +1359,9 @@ fn passthrough(c: &Config) -> Found {
     for (section, props) in [("source", &c.source.kafka), ("sink", &c.sink.kafka)] {
         for (name, value) in props.iter() {
             let instead = match (section, name) {
-                (_, "bootstrap.servers" | "metadata.broker.list") => {
-                    &format!("use {section}.bootstrap_servers")
-                }
-                ("source", "group.id") => {
-                    "the bridge assigns partitions itself and keeps positions in its checkpoints"
-                }
-                ("source", "enable.auto.commit") => {
-                    "positions live in the bridge's checkpoints, never in auto-commits"
-                }
+                (_, "bootstrap.servers" | "metadata.broker.list") => &format!("use {section}.bootstrap_servers"),
+                ("source", "group.id") => "the bridge assigns partitions itself and keeps positions in its checkpoints",
+                ("source", "enable.auto.commit") => "positions live in the bridge's checkpoints, never in auto-commits",
                 ("source", "enable.auto.offset.store") => "positions live in the bridge's checkpoints",
                 ("source", "isolation.level") => "the bridge always reads read_committed, so aborted source records are never bridged",
                 ("source", "auto.offset.reset") => "use source.on_offset_out_of_range (and source.start for the first run)",
@@ -1672,28 +1378,15 @@ fn passthrough(c: &Config) -> Found {
 }
 
 fn servers(key: &str, servers: &str) -> Found {
+    let example = r#"e.g. "kafka-1:9092,kafka-2:9092""#;
     let message = if servers.trim().is_empty() {
-        r#"is required: list the cluster's brokers, e.g. "kafka-1:9092,kafka-2:9092""#.to_string()
+        format!("is required: list the cluster's brokers, {example}")
     } else if servers.split(',').any(|s| s.trim().is_empty()) {
-        format!(
-            r#"{servers:?} has an empty entry: separate brokers with single commas, e.g. "kafka-1:9092,kafka-2:9092""#
-        )
+        format!("{servers:?} has an empty entry: separate brokers with single commas, {example}")
     } else {
         return vec![];
     };
     vec![ConfigError::new(key, message)]
-}
-
-fn positive(key: &str, value: Duration) -> Found {
-    when(value.is_zero(), key, || {
-        format!(r#""0s" must be longer than zero: {DURATION_EXAMPLES}"#)
-    })
-}
-
-fn some_bytes(key: &str, value: u64, why: &str) -> Found {
-    when(value == 0, key, || {
-        format!("0 {why}: give a number of bytes, such as 16777216 for 16 MiB")
-    })
 }
 
 /// The characters of a bridge id and of a topic name.
@@ -1724,10 +1417,8 @@ fn check_topic_name(name: &str) -> Result<(), &'static str> {
 /// Whether two server lists name the same brokers, whatever their order, case or spacing.
 pub(crate) fn same_cluster(a: &str, b: &str) -> bool {
     let brokers = |s: &str| -> BTreeSet<String> {
-        s.split(',')
-            .map(|b| b.trim().to_ascii_lowercase())
-            .filter(|b| !b.is_empty())
-            .collect()
+        let names = s.split(',').map(|b| b.trim().to_ascii_lowercase());
+        names.filter(|b| !b.is_empty()).collect()
     };
     brokers(a) == brokers(b)
 }
@@ -1748,24 +1439,23 @@ fn one_line(text: &str) -> String {
         let line = line.trim_start_matches(|ch: char| ch.is_ascii_digit() || ch == ' ');
         line.is_empty() || line.starts_with('|') || line.chars().all(|ch| ch == '^')
     };
+    lines.retain(|l| !snippet(l));
     lines
-        .into_iter()
-        .filter(|l| !snippet(l))
-        .map(str::trim)
+        .iter()
+        .map(|l| l.trim())
         .collect::<Vec<_>>()
         .join(": ")
 }
 
-/// A regex error ends with what is wrong, after a snippet of the pattern.
-fn regex_reason(e: &regex::Error) -> String {
-    let text = e.to_string();
-    let last = text
-        .lines()
-        .rev()
-        .map(str::trim)
-        .find(|l| !l.is_empty())
-        .unwrap_or_default();
-    last.strip_prefix("error: ").unwrap_or(last).to_string()
+/// A topic pattern compiled, or what is wrong with it: a regex error ends with that, after a
+/// snippet of the pattern.
+fn compile(pattern: &str) -> Result<Regex, String> {
+    anchored(pattern).map_err(|e| {
+        let text = e.to_string();
+        let last = text.trim_end().lines().last().unwrap_or_default().trim();
+        let why = last.strip_prefix("error: ").unwrap_or(last);
+        format!("{pattern:?} is not a valid regular expression ({why}): fix the syntax; it must match whole topic names")
+    })
 }
 #[cfg(test)]
 mod tests {
