@@ -351,6 +351,9 @@ pub(crate) struct Sink {
     collecting: bool,
 }
 
+/// Our queue.buffering.max.messages when [sink.kafka] does not set one (librdkafka's is 100,000).
+const SINK_QUEUE_MESSAGES: &str = "20000";
+
 /// Our batch.size when [sink.kafka] does not set one.
 const DEFAULT_BATCH_SIZE: usize = 1_000_000;
 
@@ -378,7 +381,12 @@ fn build_producer(
     batch_cap: Option<usize>,
 ) -> Result<ThreadedProducer<SinkContext>> {
     let mut cc = ClientConfig::new();
-    cc.set("linger.ms", "5").set("compression.type", "lz4");
+    // Defaults that [sink.kafka] may override. The queue bound keeps what a barrier's flush must
+    // deliver small when records are small (the byte limit alone allows 40,000 records of 100 B);
+    // docs/sizing.md has the figures.
+    cc.set("linger.ms", "5")
+        .set("compression.type", "lz4")
+        .set("queue.buffering.max.messages", SINK_QUEUE_MESSAGES);
     for (k, v) in &s.kafka {
         cc.set(k, v);
     }

@@ -154,6 +154,10 @@ struct Ahead {
     error: Option<KafkaError>,
 }
 
+/// The most records read ahead: each is a copy, and small records would otherwise fill the byte
+/// bound with hundreds of thousands of them (the sink's queue holds 20,000 at most anyway).
+const READ_AHEAD_MAX_RECORDS: usize = 20_000;
+
 /// How long one poll of the reading-ahead thread waits: a stop request is seen within it, and
 /// that wait is on the checkpoint's critical path.
 const READ_AHEAD_POLL: Duration = Duration::from_millis(1);
@@ -237,6 +241,9 @@ impl Message for Polled<'_> {
 impl Source {
     pub(crate) fn new(cfg: &Config) -> Result<Source> {
         let mut cc = ClientConfig::new();
+        // librdkafka prefetches up to 64 MiB by default, most of the bridge's memory; a sixth of
+        // it still keeps the pipeline fed (docs/sizing.md). [source.kafka] may override it.
+        cc.set("queued.max.messages.kbytes", "16384");
         for (k, v) in cfg.source.kafka.iter() {
             cc.set(k, v);
         }
@@ -395,8 +402,11 @@ impl Source {
     /// reports an error; runs on a thread of its own while the checkpoint completes.
     pub(crate) fn read_ahead(&self, stop: &AtomicBool, max_bytes: u64) {
         while !stop.load(Ordering::Acquire) {
-            if self.lock_ahead().bytes >= max_bytes {
-                return;
+            {
+                let ahead = self.lock_ahead();
+                if ahead.bytes >= max_bytes || ahead.records.len() >= READ_AHEAD_MAX_RECORDS {
+                    return;
+                }
             }
             match self.consumer.poll(READ_AHEAD_POLL) {
                 None => {}
