@@ -394,3 +394,43 @@ def spread(xs):
     if not xs:
         return None
     return [min(xs), max(xs)]
+
+
+def histogram(lines, name):
+    """The cumulative buckets {upper bound: count} of a Prometheus histogram without labels other
+    than `le`, from /metrics lines; {} when the lines hold none."""
+    buckets = {}
+    prefix = name + "_bucket{"
+    for line in lines or []:
+        if line.startswith(prefix) and 'le="' in line:
+            le = line.split('le="', 1)[1].split('"', 1)[0]
+            buckets[float(le)] = buckets.get(float(le), 0.0) + float(line.rsplit(None, 1)[1])
+    return buckets
+
+
+def merge_histograms(hs):
+    """Bucket-wise sum of histograms taken from separate processes (same bucket bounds)."""
+    out = {}
+    for h in hs:
+        for le, c in h.items():
+            out[le] = out.get(le, 0.0) + c
+    return out
+
+
+def histogram_quantile(buckets, q):
+    """Prometheus' histogram_quantile: linear interpolation inside the bucket holding rank q, the
+    largest finite bound when that is the +Inf bucket. None without observations."""
+    items = sorted(buckets.items())
+    if not items or items[-1][1] <= 0:
+        return None
+    rank = q * items[-1][1]
+    prev_le, prev_c = 0.0, 0.0
+    for le, c in items:
+        if c >= rank:
+            if le == float("inf"):
+                return prev_le
+            if c == prev_c:
+                return le
+            return prev_le + (le - prev_le) * (rank - prev_c) / (c - prev_c)
+        prev_le, prev_c = le, c
+    return prev_le
