@@ -118,12 +118,15 @@ class Sampler:
 # Builds
 
 
-def build(skip=False):
+def build(skip=False, kstreams=True):
     if skip:
         return
     log("build: cargo build --release --examples --bin eos-bridge")
     subprocess.run(["cargo", "build", "--release", "--quiet", "--examples", "--bin", "eos-bridge"],
                    cwd=ROOT, check=True)
+    if not kstreams:
+        subprocess.run([KAFKA_SCRIPT, "fetch"], check=True, stdout=subprocess.DEVNULL)
+        return
     jar = os.path.join(KSTREAMS_DIR, "target", "eos-bench-kstreams-0.jar")
     src = os.path.join(KSTREAMS_DIR, "src", "main", "java", "eosbench", "Copy.java")
     pom = os.path.join(KSTREAMS_DIR, "pom.xml")
@@ -340,10 +343,11 @@ class Bridge:
                       port=self.port)
         self.proc = None
 
-    def start(self):
+    def start(self, wrap=()):
+        """wrap: a command the bridge runs under (a profiler that becomes the bridge's process)."""
         env = dict(os.environ)
         env.setdefault("RUST_LOG", "warn")
-        self.proc = Proc([BRIDGE_BIN, "run", "--config", self.config], self.log, env=env)
+        self.proc = Proc([*wrap, BRIDGE_BIN, "run", "--config", self.config], self.log, env=env)
         return self
 
     @property
