@@ -118,12 +118,15 @@ class Sampler:
 # Builds
 
 
-def build(skip=False):
+def build(skip=False, kstreams=True):
     if skip:
         return
     log("build: cargo build --release --examples --bin eos-bridge")
     subprocess.run(["cargo", "build", "--release", "--quiet", "--examples", "--bin", "eos-bridge"],
                    cwd=ROOT, check=True)
+    if not kstreams:
+        subprocess.run([KAFKA_SCRIPT, "fetch"], check=True, stdout=subprocess.DEVNULL)
+        return
     jar = os.path.join(KSTREAMS_DIR, "target", "eos-bench-kstreams-0.jar")
     src = os.path.join(KSTREAMS_DIR, "src", "main", "java", "eosbench", "Copy.java")
     pom = os.path.join(KSTREAMS_DIR, "pom.xml")
@@ -340,10 +343,11 @@ class Bridge:
                       port=self.port)
         self.proc = None
 
-    def start(self):
+    def start(self, wrap=()):
+        """wrap: a command the bridge runs under (a profiler that becomes the bridge's process)."""
         env = dict(os.environ)
         env.setdefault("RUST_LOG", "warn")
-        self.proc = Proc([BRIDGE_BIN, "run", "--config", self.config], self.log, env=env)
+        self.proc = Proc([*wrap, BRIDGE_BIN, "run", "--config", self.config], self.log, env=env)
         return self
 
     @property
@@ -394,3 +398,43 @@ def spread(xs):
     if not xs:
         return None
     return [min(xs), max(xs)]
+
+
+def histogram(lines, name):
+    """The cumulative buckets {upper bound: count} of a Prometheus histogram without labels other
+    than `le`, from /metrics lines; {} when the lines hold none."""
+    buckets = {}
+    prefix = name + "_bucket{"
+    for line in lines or []:
+        if line.startswith(prefix) and 'le="' in line:
+            le = line.split('le="', 1)[1].split('"', 1)[0]
+            buckets[float(le)] = buckets.get(float(le), 0.0) + float(line.rsplit(None, 1)[1])
+    return buckets
+
+
+def merge_histograms(hs):
+    """Bucket-wise sum of histograms taken from separate processes (same bucket bounds)."""
+    out = {}
+    for h in hs:
+        for le, c in h.items():
+            out[le] = out.get(le, 0.0) + c
+    return out
+
+
+def histogram_quantile(buckets, q):
+    """Prometheus' histogram_quantile: linear interpolation inside the bucket holding rank q, the
+    largest finite bound when that is the +Inf bucket. None without observations."""
+    items = sorted(buckets.items())
+    if not items or items[-1][1] <= 0:
+        return None
+    rank = q * items[-1][1]
+    prev_le, prev_c = 0.0, 0.0
+    for le, c in items:
+        if c >= rank:
+            if le == float("inf"):
+                return prev_le
+            if c == prev_c:
+                return le
+            return prev_le + (le - prev_le) * (rank - prev_c) / (c - prev_c)
+        prev_le, prev_c = le, c
+    return prev_le
