@@ -528,11 +528,17 @@ pub fn assert_exactly_once(
     sink_bootstrap: &str,
     sink_topic: &str,
 ) -> usize {
+    // Both topics at once: each read is mostly a JVM start and an idle wait, and the bridge has
+    // stopped, so neither topic changes while the other is read.
     let read = |idle: u64| {
         let idle = Duration::from_secs(idle);
-        let source = by_partition(&console_consume(source_bootstrap, source_topic, true, idle));
-        let sink_records = console_consume(sink_bootstrap, sink_topic, true, idle);
-        (source, sink_records)
+        std::thread::scope(|scope| {
+            let source = scope.spawn(|| {
+                by_partition(&console_consume(source_bootstrap, source_topic, true, idle))
+            });
+            let sink_records = console_consume(sink_bootstrap, sink_topic, true, idle);
+            (source.join().expect("the source read"), sink_records)
+        })
     };
     let (mut source, mut sink_records) = read(4);
     if source.is_empty() || !sequence_problems(&source, &by_partition(&sink_records)).is_empty() {

@@ -237,8 +237,12 @@ impl Scenario {
     /// Exactly once, by Kafka's console consumer with read_committed on both sides, and as many
     /// records as the input's end offsets say. Returns the record count.
     pub fn judge(&self) -> i64 {
-        let total = self.input_total();
-        let seen = assert_exactly_once(&self.source, &self.input, &self.sink, &self.output) as i64;
+        // The end offsets are asked while the console consumers wait out their idle time.
+        let (total, seen) = std::thread::scope(|scope| {
+            let total = scope.spawn(|| self.input_total());
+            let seen = assert_exactly_once(&self.source, &self.input, &self.sink, &self.output);
+            (total.join().expect("the end offsets"), seen as i64)
+        });
         assert_eq!(seen, total, "the sink holds as many records as the input");
         seen
     }
