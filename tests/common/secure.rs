@@ -268,6 +268,11 @@ impl SecureBroker {
             .unwrap_or_else(|e| panic!("producing to {topic}: {e}"));
     }
 
+    /// The sum of the topic's end offsets (its record count when written without transactions).
+    pub fn end_offsets_total(&self, topic: &str) -> i64 {
+        bridge::watermarks_total(&self.admin_client_config(), topic)
+    }
+
     /// The topic as Kafka's console consumer reads it with read_committed over SASL_SSL: all of
     /// it (until idle for 8 s), or the first `count` records (at most 60 s).
     pub fn consume_committed(&self, topic: &str, count: Option<usize>) -> Vec<Seen> {
