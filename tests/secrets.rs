@@ -9,7 +9,7 @@
 mod common;
 
 use std::path::Path;
-use std::process::{Command, Output};
+use std::process::{Command, ExitStatus};
 use std::time::Duration;
 
 use common::bridge::*;
@@ -71,27 +71,37 @@ fn token_line() -> String {
     format!("admin_token = \"${{env:{TOKEN_VAR}}}\"\n")
 }
 
-fn bin() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_eos-bridge"))
+/// A scenario whose bridge references new secrets by `secret_lines`; the password file ends in a
+/// newline, as `kubectl create secret --from-file` leaves one.
+fn with_secrets(name: &str, partitions: u32) -> (Secrets, Scenario) {
+    let secrets = Secrets::new();
+    let mut s = Scenario::new(name, partitions);
+    let password_file = s.home.dir.path().join("source-password");
+    std::fs::write(&password_file, format!("{}\n", secrets.file_password)).unwrap();
+    s.spec().extra = secret_lines(&password_file);
+    (secrets, s)
 }
 
-fn output_text(out: &Output) -> String {
-    format!(
+/// `eos-bridge COMMAND --config CONFIG` run to its end with `env`: its exit status and its
+/// stdout and stderr as one text.
+fn cli(command: &str, config: &Path, env: &[(&str, &str)]) -> (ExitStatus, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_eos-bridge"))
+        .args([command, "--config", path_str(config)])
+        .envs(env.iter().copied())
+        .output()
+        .unwrap();
+    let text = format!(
         "{}{}",
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
-    )
+    );
+    (out.status, text)
 }
 
 #[test]
 fn secrets_from_a_file_and_the_environment_never_appear_in_any_output() {
     let _serial = serial();
-    let secrets = Secrets::new();
-    let mut s = Scenario::new("secrets", 2);
-    let password_file = s.home.dir.path().join("source-password");
-    // A trailing newline, as `kubectl create secret --from-file` leaves one.
-    std::fs::write(&password_file, format!("{}\n", secrets.file_password)).unwrap();
-    s.spec().extra = secret_lines(&password_file);
+    let (secrets, mut s) = with_secrets("secrets", 2);
     s.spec().api_extra = token_line();
     let env = [
         (PASSWORD_VAR, secrets.env_password.as_str()),
@@ -152,13 +162,8 @@ fn secrets_from_a_file_and_the_environment_never_appear_in_any_output() {
     secrets.assert_absent("the bridge's log at debug level", &text);
 
     // `check`, at debug level too, passes with the same references and shows none of them.
-    let out = bin()
-        .args(["check", "--config", path_str(&config)])
-        .envs(env)
-        .output()
-        .unwrap();
-    let text = output_text(&out);
-    assert!(out.status.success(), "{text}");
+    let (status, text) = cli("check", &config, &env);
+    assert!(status.success(), "{text}");
     assert!(text.contains("configuration"), "{text}");
     secrets.assert_absent("`eos-bridge check`", &text);
 }
@@ -227,16 +232,8 @@ fn failing_configurations_do_not_show_secrets() {
         let file = dir.path().join("bad.toml");
         std::fs::write(&file, &toml).unwrap();
         for command in ["run", "check"] {
-            let out = bin()
-                .args([command, "--config", path_str(&file)])
-                .envs(env)
-                .output()
-                .unwrap();
-            let text = output_text(&out);
-            assert!(
-                !out.status.success(),
-                "{what}: {command} accepted it:\n{text}"
-            );
+            let (status, text) = cli(command, &file, &env);
+            assert!(!status.success(), "{what}: {command} accepted it:\n{text}");
             for needle in &needles {
                 assert!(
                     text.contains(needle),
@@ -249,12 +246,7 @@ fn failing_configurations_do_not_show_secrets() {
     // The good file is good: the cases fail for their own fault only.
     let file = dir.path().join("good.toml");
     std::fs::write(&file, &good).unwrap();
-    let out = bin()
-        .args(["check", "--config", path_str(&file)])
-        .envs(env)
-        .output()
-        .unwrap();
-    let text = output_text(&out);
+    let (_, text) = cli("check", &file, &env);
     assert!(text.contains("parsed and validated"), "{text}");
     secrets.assert_absent("`check` of the good file", &text);
 }
@@ -264,11 +256,7 @@ fn failing_configurations_do_not_show_secrets() {
 #[test]
 fn a_panic_does_not_show_secrets() {
     let _serial = serial();
-    let secrets = Secrets::new();
-    let mut s = Scenario::new("secrets-panic", 1);
-    let password_file = s.home.dir.path().join("pw");
-    std::fs::write(&password_file, &secrets.file_password).unwrap();
-    s.spec().extra = secret_lines(&password_file);
+    let (secrets, mut s) = with_secrets("secrets-panic", 1);
     s.run(&[
         Produce(100, 1),
         StartWith(&[
@@ -354,12 +342,7 @@ fn the_api_serves_https_and_the_admin_token_works_over_it() {
     assert!(done, "{:?}: {}", committed(), tail(&s.log(), 30));
 
     assert_eq!(get("/health/live").map(|r| r.0), Some(200));
-    let out = bin()
-        .args(["check", "--config", path_str(&config)])
-        .env(TOKEN_VAR, &token)
-        .output()
-        .unwrap();
-    let text = output_text(&out);
+    let (_, text) = cli("check", &config, &[(TOKEN_VAR, &token)]);
     assert!(
         text.lines()
             .any(|l| l.starts_with("api tls") && l.contains("ok")),
@@ -443,12 +426,8 @@ fn a_bad_tls_setting_stops_the_start_naming_the_setting() {
     for (api, code, needles) in cases {
         let file = dir.path().join("bad-tls.toml");
         std::fs::write(&file, base.replacen("[api]\n", &api, 1)).unwrap();
-        let out = bin()
-            .args(["run", "--config", path_str(&file)])
-            .output()
-            .unwrap();
-        let text = output_text(&out);
-        assert_eq!(out.status.code(), Some(code), "{text}");
+        let (status, text) = cli("run", &file, &[]);
+        assert_eq!(status.code(), Some(code), "{text}");
         for needle in needles {
             assert!(text.contains(needle), "lacks {needle:?}: {text}");
         }
