@@ -253,10 +253,6 @@ pub(crate) fn probe_transactional_id(bridge_id: &str) -> String {
     format!("{}probe", transactional_id_prefix(bridge_id))
 }
 
-fn props(kafka: &crate::config::KafkaProps) -> Vec<(String, String)> {
-    kafka.pairs()
-}
-
 /// One cluster the probe talks to.
 struct Cluster<'a> {
     side: Side,
@@ -266,7 +262,22 @@ struct Cluster<'a> {
     admin: Admin,
 }
 
-impl Cluster<'_> {
+impl<'a> Cluster<'a> {
+    fn new(
+        side: Side,
+        bootstrap: &'a str,
+        kafka: &crate::config::KafkaProps,
+    ) -> Result<Cluster<'a>> {
+        let kafka = kafka.pairs();
+        Ok(Cluster {
+            side,
+            bootstrap,
+            principal: principal(&kafka),
+            admin: Admin::new(bootstrap, &kafka)?,
+            kafka,
+        })
+    }
+
     fn deny(
         &self,
         operation: Operation,
@@ -356,14 +367,11 @@ pub(crate) fn probe(cfg: &Config, runtime: &Handle) -> Result<Probe> {
     let mut out = Probe::default();
     let exactly_once = cfg.bridge.delivery == Delivery::ExactlyOnce;
 
-    let source_kafka = props(&cfg.source.kafka);
-    let source = Cluster {
-        side: Side::Source,
-        bootstrap: &cfg.source.bootstrap_servers,
-        principal: principal(&source_kafka),
-        admin: Admin::new(&cfg.source.bootstrap_servers, &source_kafka)?,
-        kafka: source_kafka,
-    };
+    let source = Cluster::new(
+        Side::Source,
+        &cfg.source.bootstrap_servers,
+        &cfg.source.kafka,
+    )?;
     // A pattern can only match topics the principal may describe: the broker leaves the others out
     // of a listing, so the probe judges those it sees.
     let source_topics: Vec<String> = match &cfg.source.topic_pattern {
@@ -406,14 +414,7 @@ pub(crate) fn probe(cfg: &Config, runtime: &Handle) -> Result<Probe> {
     };
     check_group(&source, &group, op, why, &mut out)?;
 
-    let sink_kafka = props(&cfg.sink.kafka);
-    let sink = Cluster {
-        side: Side::Sink,
-        bootstrap: &cfg.sink.bootstrap_servers,
-        principal: principal(&sink_kafka),
-        admin: Admin::new(&cfg.sink.bootstrap_servers, &sink_kafka)?,
-        kafka: sink_kafka,
-    };
+    let sink = Cluster::new(Side::Sink, &cfg.sink.bootstrap_servers, &cfg.sink.kafka)?;
     if exactly_once {
         check_cluster_configs(&sink, runtime, &mut out)?;
     }

@@ -7,10 +7,11 @@
 mod common;
 
 use std::collections::BTreeMap;
-use std::process::{Command, Output, Stdio};
+use std::process::Output;
 use std::time::{Duration, Instant};
 
-use common::bridge::{free_port, tail, Bridge, BridgeHome, BridgeSpec};
+use common::bridge::{tail, BridgeHome, BridgeSpec};
+use common::scenario::*;
 use common::secure::secure_broker;
 use common::*;
 
@@ -196,6 +197,44 @@ fn grant_all(set: &[Acl], principal: &str) {
     }
 }
 
+/// A SCRAM user of its own, granted the documented set of a bridge `id` from `source` to `sink`
+/// (not created yet), and that bridge's spec.
+struct Granted {
+    password: String,
+    principal: String,
+    id: String,
+    source: String,
+    sink: String,
+    marker: String,
+    set: Vec<Acl>,
+    spec: BridgeSpec,
+}
+
+impl Granted {
+    fn new(id_prefix: &str) -> Granted {
+        let user = unique("acl-user");
+        let password = random_alnum(24);
+        let principal = format!("User:{user}");
+        create_user(&user, &password);
+        let id = unique(id_prefix);
+        let source = unique("acl-src");
+        let sink = unique("acl-sink");
+        let marker = format!("__eos_bridge_markers.{id}");
+        let set = documented_set(&id, &source, &sink, &marker);
+        grant_all(&set, &principal);
+        Granted {
+            spec: spec(&id, &source, &sink, &user),
+            password,
+            principal,
+            id,
+            source,
+            sink,
+            marker,
+            set,
+        }
+    }
+}
+
 /// A bridge on the secured broker as SCRAM user `user`; its password comes from the environment.
 fn spec(id: &str, source: &str, sink: &str, user: &str) -> BridgeSpec {
     let b = secure_broker();
@@ -213,42 +252,24 @@ fn spec(id: &str, source: &str, sink: &str, user: &str) -> BridgeSpec {
     spec
 }
 
-fn password_env(password: &str) -> Vec<(&'static str, String)> {
-    vec![
-        (
-            "EOS_BRIDGE__SOURCE__KAFKA__SASL_PASSWORD",
-            password.to_string(),
-        ),
-        (
-            "EOS_BRIDGE__SINK__KAFKA__SASL_PASSWORD",
-            password.to_string(),
-        ),
-    ]
+fn password_env(password: &str) -> Vec<(String, String)> {
+    ["SOURCE", "SINK"]
+        .map(|side| {
+            (
+                format!("EOS_BRIDGE__{side}__KAFKA__SASL_PASSWORD"),
+                password.to_string(),
+            )
+        })
+        .to_vec()
 }
 
 /// Runs `eos-bridge ARGS` to its end, at most `FAIL_FAST`: (exit code, stdout + stderr, time).
 fn bridge_cli(home: &BridgeHome, command: &str, password: &str) -> (Option<i32>, String, Duration) {
-    let port = free_port();
-    let cfg = home.dir.path().join(format!("{command}-{port}.toml"));
-    std::fs::write(&cfg, home.spec.toml(&home.state_dir(), port)).unwrap();
-    let out_path = home.dir.path().join(format!("{command}-{port}.out"));
-    let out = std::fs::File::create(&out_path).unwrap();
+    let env = password_env(password);
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
     let began = Instant::now();
-    let child = Command::new(env!("CARGO_BIN_EXE_eos-bridge"))
-        .args([command, "--config", path_str(&cfg)])
-        .envs(password_env(password))
-        .env("EOS_BRIDGE_LOG", "info,librdkafka=warn,rdkafka=warn")
-        .stdin(Stdio::null())
-        .stdout(out.try_clone().unwrap())
-        .stderr(out)
-        .spawn()
-        .expect("eos-bridge starts");
     // The harness's handle kills the process when dropped, should it outlive the bound.
-    let mut process = Bridge {
-        child,
-        port,
-        log: out_path,
-    };
+    let mut process = home.spawn(command, &env, &[]);
     let status = process.wait_exit(FAIL_FAST);
     let took = began.elapsed();
     let text = process.log_text();
@@ -326,56 +347,36 @@ fn assert_each_removal_fails(
 #[test]
 fn the_documented_acls_suffice_and_each_is_needed() {
     let _serial = serial();
-    let user = unique("acl-user");
-    let password = random_alnum(24);
-    let principal = format!("User:{user}");
-    create_user(&user, &password);
-
-    let id = unique("aclb");
-    let source = unique("acl-src");
-    let sink = unique("acl-sink");
-    let marker = format!("__eos_bridge_markers.{id}");
-    let broker = secure_broker();
-    broker.create_topic(&source, 2);
-    broker.produce(&source, 2, 300, 1);
-    let set = documented_set(&id, &source, &sink, &marker);
-    grant_all(&set, &principal);
+    let Granted {
+        password,
+        principal,
+        sink,
+        set,
+        spec,
+        ..
+    } = Granted::new("aclb");
+    let mut s = Scenario::on_secured_broker(spec, 2);
+    s.env = password_env(&password);
+    s.run(&[Produce(300, 1)]);
     let t0 = Instant::now();
 
     // Exactly the documented set: the bridge creates its sink and marker topics and bridges
     // everything exactly once.
-    let home = BridgeHome::new(spec(&id, &source, &sink, &user));
-    let (code, text, _) = bridge_cli(&home, "check", &password);
+    let (code, text, _) = bridge_cli(&s.home, "check", &password);
     assert_eq!(code, Some(0), "check with the documented ACLs:\n{text}");
-    let env = password_env(&password);
-    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
     let began = Instant::now();
-    let mut bridge = home.start(&env);
-    bridge.wait_committed(300, Duration::from_secs(60));
-    let status = bridge.stop_gracefully(Duration::from_secs(20));
-    assert!(
-        status.success(),
-        "{status}:\n{}",
-        tail(&bridge.log_text(), 30)
-    );
+    s.run(&[Start, CommittedTo(300), Stop]);
     let bridged = began.elapsed();
-    let mut log = bridge.log_text();
+    let mut log = s.log();
     // A restart recovers from the commit markers it reads back: the marker reader's side of the
     // set (Read on the marker topic, Describe on its group) at work.
-    let mut again = home.start(&env);
-    again.wait_committed(300, Duration::from_secs(60));
-    let status = again.stop_gracefully(Duration::from_secs(20));
+    s.run(&[Start, CommittedTo(300), Stop]);
     assert!(
-        status.success(),
-        "{status}:\n{}",
-        tail(&again.log_text(), 30)
-    );
-    assert!(
-        again.log_text().contains("recovered outcome=\"committed\""),
+        s.log().contains("recovered outcome=\"committed\""),
         "the restart recovered from its checkpoint and marker:\n{}",
-        tail(&again.log_text(), 30)
+        tail(&s.log(), 30)
     );
-    log.push_str(&again.log_text());
+    log.push_str(&s.log());
     assert!(!log.contains(&password), "the password appears in the log");
     // Exactly this set: no client of the bridge was refused anything (librdkafka's consumers look
     // up their group's coordinator, which would need Describe on the group, and say so if denied).
@@ -385,7 +386,7 @@ fn the_documented_acls_suffice_and_each_is_needed() {
         tail(&log, 30)
     );
     // The one optional permission left out is shown as such, and check passes without it.
-    let (code, text, _) = bridge_cli(&home, "check", &password);
+    let (code, text, _) = bridge_cli(&s.home, "check", &password);
     assert_eq!(code, Some(0), "check after the run:\n{text}");
     assert!(
         text.contains(&format!(
@@ -394,7 +395,7 @@ fn the_documented_acls_suffice_and_each_is_needed() {
         "check shows the optional DescribeConfigs:\n{text}"
     );
     // Kafka's read_committed console consumer, as admin, on both topics.
-    let copied = broker.assert_exactly_once(&source, 300, &sink);
+    let copied = s.judge();
     assert_eq!(copied, 300);
     eprintln!("set-up done; bridged and judged in {:?}", t0.elapsed());
 
@@ -405,7 +406,7 @@ fn the_documented_acls_suffice_and_each_is_needed() {
         .filter(|a| a.operation != "Create")
         .cloned()
         .collect();
-    let slowest = assert_each_removal_fails(&home, &principal, &password, &removals);
+    let slowest = assert_each_removal_fails(&s.home, &principal, &password, &removals);
     eprintln!(
         "bridged 300 records exactly once as {principal} in {bridged:?}; slowest failure {slowest:?}"
     );
@@ -414,27 +415,18 @@ fn the_documented_acls_suffice_and_each_is_needed() {
 #[test]
 fn creating_missing_topics_needs_create_on_them() {
     let _serial = serial();
-    let user = unique("acl-user");
-    let password = random_alnum(24);
-    let principal = format!("User:{user}");
-    create_user(&user, &password);
-
-    let id = unique("aclc");
-    let source = unique("acl-src");
-    let sink = unique("acl-sink");
-    let marker = format!("__eos_bridge_markers.{id}");
-    secure_broker().create_topic(&source, 1);
-    let set = documented_set(&id, &source, &sink, &marker);
-    grant_all(&set, &principal);
-    let home = BridgeHome::new(spec(&id, &source, &sink, &user));
-    let creates: Vec<Acl> = set
+    let g = Granted::new("aclc");
+    secure_broker().create_topic(&g.source, 1);
+    let home = BridgeHome::new(g.spec.clone());
+    let creates: Vec<Acl> = g
+        .set
         .iter()
         .filter(|a| a.operation == "Create")
         .cloned()
         .collect();
     // The probe stops both commands before anything is created, so the topics stay missing.
-    let slowest = assert_each_removal_fails(&home, &principal, &password, &creates);
-    for t in [&sink, &marker, &offsets_topic(&id)] {
+    let slowest = assert_each_removal_fails(&home, &g.principal, &g.password, &creates);
+    for t in [&g.sink, &g.marker, &offsets_topic(&g.id)] {
         assert!(!topic_exists(t), "a failed start created topic {t}");
     }
     eprintln!("slowest failure without a Create: {slowest:?}");

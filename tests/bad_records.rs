@@ -139,8 +139,8 @@ fn a_bad_record_behind_a_backlog_stops_the_bridge_naming_it() {
         "the open transaction is aborted before the bridge exits, found {state:?}"
     );
 
-    let expected = source_without_poison(&s.input_records());
-    let sink = s.output_records();
+    let (source, sink) = s.input_and_output_records();
+    let expected = source_without_poison(&source);
     let mut visible = 0;
     for (p, want) in &expected {
         let got = sink.get(p).cloned().unwrap_or_default();
@@ -184,8 +184,8 @@ fn a_bad_record_behind_a_backlog_is_dead_lettered_exactly_once() {
         tail(&log, 20)
     );
 
-    let expected = source_without_poison(&s.input_records());
-    let sink = s.output_records();
+    let (source, sink) = s.input_and_output_records();
+    let expected = source_without_poison(&source);
     assert_same_sequences(&expected, &sink);
 
     let dead = dead_letters(&s.sink, &dlq);

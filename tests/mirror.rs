@@ -209,34 +209,15 @@ fn describe(bootstrap: &str, topic: &str) -> (i32, i32, BTreeMap<String, String>
     )
 }
 
-/// Writes the spec's config, edited by `edit`, and returns its path.
-fn config_file(home: &BridgeHome, port: u16, edit: &dyn Fn(String) -> String) -> String {
-    let path = home.dir.path().join(format!("bridge-{port}.toml"));
-    std::fs::write(&path, edit(home.spec.toml(&home.state_dir(), port))).unwrap();
-    path.to_str().unwrap().to_string()
-}
-
 /// Starts the bridge with the spec's config edited by `edit` (keys the harness does not render).
 fn start_edited(home: &BridgeHome, edit: &dyn Fn(String) -> String) -> Bridge {
-    let port = free_port();
-    let cfg = config_file(home, port, edit);
-    let log = home.dir.path().join(format!("bridge-{port}.log"));
-    let log_file = std::fs::File::create(&log).unwrap();
-    let child = Command::new(env!("CARGO_BIN_EXE_eos-bridge"))
-        .args(["run", "--config", &cfg])
-        .env("EOS_BRIDGE_LOG", "info,librdkafka=warn,rdkafka=warn")
-        .stdin(Stdio::null())
-        .stdout(log_file.try_clone().unwrap())
-        .stderr(log_file)
-        .spawn()
-        .expect("eos-bridge starts");
-    Bridge { child, port, log }
+    home.spawn_edited("run", &[], &[], edit)
 }
 
 fn check(home: &BridgeHome, edit: &dyn Fn(String) -> String) -> Output {
-    let cfg = config_file(home, free_port(), edit);
+    let cfg = home.write_edited("check", free_port(), edit);
     Command::new(env!("CARGO_BIN_EXE_eos-bridge"))
-        .args(["check", "--config", &cfg])
+        .args(["check", "--config", path_str(&cfg)])
         .env("EOS_BRIDGE_LOG", "warn,librdkafka=off,rdkafka=off")
         .output()
         .expect("eos-bridge check runs")

@@ -32,7 +32,7 @@ fn run_with_kills(
         ]);
     }
     s.run(&[Start, Committed, Stop]);
-    (s.input_records(), s.output_records())
+    s.input_and_output_records()
 }
 
 fn counts(values: &[String]) -> HashMap<&str, usize> {

@@ -301,8 +301,7 @@ fn a_translated_group_resumes_on_the_sink_with_nothing_again_and_nothing_skipped
     let mut bridge = home.start(&[]);
     let bridged: i64 = all.values().map(|r| r.last().unwrap().0 + 1).sum();
     bridge.wait_committed(bridged, Duration::from_secs(60));
-    let config = home.dir.path().join("translate.toml");
-    std::fs::write(&config, spec.toml(&home.state_dir(), 1)).unwrap();
+    let config = home.write_config("translate", 1);
 
     // While the bridge runs: translate, apply, and read on the sink.
     let mut shown_g2 = String::new();

@@ -9,10 +9,11 @@
 mod common;
 
 use std::path::Path;
-use std::process::{Command, Output};
+use std::process::{Command, ExitStatus};
 use std::time::Duration;
 
 use common::bridge::*;
+use common::scenario::*;
 use common::*;
 
 /// The secrets of one test, random so that a hit can only come from a leak.
@@ -65,88 +66,53 @@ fn secret_lines(password_file: &Path) -> String {
     )
 }
 
-/// The bridge's config with `admin_token` referenced from the environment: BridgeSpec renders
-/// `[api]` itself, so the token line goes into it by a replace.
-fn with_token(toml: &str) -> String {
-    toml.replacen(
-        "[api]\n",
-        &format!("[api]\nadmin_token = \"${{env:{TOKEN_VAR}}}\"\n"),
-        1,
-    )
+/// The `[api]` line referencing the admin token from the environment.
+fn token_line() -> String {
+    format!("admin_token = \"${{env:{TOKEN_VAR}}}\"\n")
 }
 
-fn bin() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_eos-bridge"))
+/// A scenario whose bridge references new secrets by `secret_lines`; the password file ends in a
+/// newline, as `kubectl create secret --from-file` leaves one.
+fn with_secrets(name: &str, partitions: u32) -> (Secrets, Scenario) {
+    let secrets = Secrets::new();
+    let mut s = Scenario::new(name, partitions);
+    let password_file = s.home.dir.path().join("source-password");
+    std::fs::write(&password_file, format!("{}\n", secrets.file_password)).unwrap();
+    s.spec().extra = secret_lines(&password_file);
+    (secrets, s)
 }
 
-fn output_text(out: &Output) -> String {
-    format!(
+/// `eos-bridge COMMAND --config CONFIG` run to its end with `env`: its exit status and its
+/// stdout and stderr as one text.
+fn cli(command: &str, config: &Path, env: &[(&str, &str)]) -> (ExitStatus, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_eos-bridge"))
+        .args([command, "--config", path_str(config)])
+        .envs(env.iter().copied())
+        .output()
+        .unwrap();
+    let text = format!(
         "{}{}",
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
-    )
-}
-
-/// [`assert_exactly_once`] on one cluster with a longer idle time: on a loaded machine the
-/// console consumer can spend more than the shared helper's 4 s joining before its first fetch,
-/// and then reads nothing.
-fn exactly_once(bootstrap: &str, source_topic: &str, sink_topic: &str) -> usize {
-    let idle = Duration::from_secs(10);
-    let source = by_partition(&console_consume(bootstrap, source_topic, true, idle));
-    let sink_records = console_consume(bootstrap, sink_topic, true, idle);
-    assert_same_sequences(&source, &by_partition(&sink_records));
-    sink_records.len()
+    );
+    (out.status, text)
 }
 
 #[test]
 fn secrets_from_a_file_and_the_environment_never_appear_in_any_output() {
     let _serial = serial();
-    let b = bootstrap();
-    let input = unique("secrets-in");
-    let output = unique("secrets-out");
-    create_topic(b, &input, 2);
-    assert!(verifiable_produce(b, &input, 1000, -1, Some(1))
-        .status
-        .success());
-
-    let secrets = Secrets::new();
-    let mut spec = BridgeSpec::new(&input, &output);
-    let home_dir = temp_state_dir();
-    let password_file = home_dir.path().join("source-password");
-    // A trailing newline, as `kubectl create secret --from-file` leaves one.
-    std::fs::write(&password_file, format!("{}\n", secrets.file_password)).unwrap();
-    spec.extra = secret_lines(&password_file);
-    let home = BridgeHome::new(spec);
+    let (secrets, mut s) = with_secrets("secrets", 2);
+    s.spec().api_extra = token_line();
     let env = [
         (PASSWORD_VAR, secrets.env_password.as_str()),
         (TOKEN_VAR, secrets.env_token.as_str()),
         ("EOS_BRIDGE_LOG", "debug"),
     ];
-
-    // BridgeHome writes its own file; the token line is added to a copy of it.
-    let port = free_port();
-    let config = home_dir.path().join("bridge.toml");
-    std::fs::write(
-        &config,
-        with_token(&home.spec.toml(&home.state_dir(), port)),
-    )
-    .unwrap();
-    let log = home_dir.path().join("bridge.log");
-    let log_file = std::fs::File::create(&log).unwrap();
-    let child = bin()
-        .args(["run", "--config", path_str(&config)])
-        .envs(env)
-        .stdin(std::process::Stdio::null())
-        .stdout(log_file.try_clone().unwrap())
-        .stderr(log_file)
-        .spawn()
-        .unwrap();
-    let mut bridge = Bridge {
-        child,
-        port,
-        log: log.clone(),
-    };
-    bridge.wait_committed(1000, Duration::from_secs(60));
+    s.run(&[Produce(1000, 1), StartWith(&env), Committed]);
+    let id = s.home.spec.id.clone();
+    let config = s.config();
+    let bridge = s.bridge();
+    let port = bridge.port;
 
     // The token came from ${env:...}: the admin endpoint takes it, and refuses a wrong one.
     let url = format!("http://127.0.0.1:{port}/api/v1/savepoints");
@@ -167,7 +133,7 @@ fn secrets_from_a_file_and_the_environment_never_appear_in_any_output() {
 
     let (code, status) = bridge.get("/api/v1/status").unwrap();
     assert_eq!(code, 200);
-    assert!(status.contains(&home.spec.id), "{status}");
+    assert!(status.contains(&id), "{status}");
     secrets.assert_absent("/api/v1/status", &status);
     let (code, metrics) = bridge.get("/metrics").unwrap();
     assert_eq!(code, 200);
@@ -181,12 +147,10 @@ fn secrets_from_a_file_and_the_environment_never_appear_in_any_output() {
         secrets.assert_absent(path, &body);
     }
 
-    let exit = bridge.stop_gracefully(Duration::from_secs(30));
-    assert!(exit.success(), "{exit}: {}", tail(&bridge.log_text(), 30));
-    let n = exactly_once(b, &input, &output);
-    assert_eq!(n, 1000);
+    s.run(&[Stop]);
+    assert_eq!(s.judge(), 1000);
 
-    let text = bridge.log_text();
+    let text = s.log();
     // The log really is at debug level, librdkafka's debug contexts included.
     assert!(text.contains("DEBUG"), "{}", tail(&text, 20));
     // librdkafka's dump of its configuration is in it, and names the password it redacts.
@@ -198,13 +162,8 @@ fn secrets_from_a_file_and_the_environment_never_appear_in_any_output() {
     secrets.assert_absent("the bridge's log at debug level", &text);
 
     // `check`, at debug level too, passes with the same references and shows none of them.
-    let out = bin()
-        .args(["check", "--config", path_str(&config)])
-        .envs(env)
-        .output()
-        .unwrap();
-    let text = output_text(&out);
-    assert!(out.status.success(), "{text}");
+    let (status, text) = cli("check", &config, &env);
+    assert!(status.success(), "{text}");
     assert!(text.contains("configuration"), "{text}");
     secrets.assert_absent("`eos-bridge check`", &text);
 }
@@ -220,9 +179,9 @@ fn failing_configurations_do_not_show_secrets() {
         (TOKEN_VAR, secrets.env_token.as_str()),
         ("EOS_BRIDGE_LOG", "debug"),
     ];
-    let spec = BridgeSpec::new("secrets-bad-in", "secrets-bad-out");
-    let good = with_token(&spec.toml(&dir.path().join("state"), free_port()))
-        + &secret_lines(&password_file);
+    let mut spec = BridgeSpec::new("secrets-bad-in", "secrets-bad-out");
+    spec.api_extra = token_line();
+    let good = spec.toml(&dir.path().join("state"), free_port()) + &secret_lines(&password_file);
 
     // Each bad file still holds every secret: referenced, written inline, or both; its errors
     // must be reported without them.
@@ -273,16 +232,8 @@ fn failing_configurations_do_not_show_secrets() {
         let file = dir.path().join("bad.toml");
         std::fs::write(&file, &toml).unwrap();
         for command in ["run", "check"] {
-            let out = bin()
-                .args([command, "--config", path_str(&file)])
-                .envs(env)
-                .output()
-                .unwrap();
-            let text = output_text(&out);
-            assert!(
-                !out.status.success(),
-                "{what}: {command} accepted it:\n{text}"
-            );
+            let (status, text) = cli(command, &file, &env);
+            assert!(!status.success(), "{what}: {command} accepted it:\n{text}");
             for needle in &needles {
                 assert!(
                     text.contains(needle),
@@ -295,12 +246,7 @@ fn failing_configurations_do_not_show_secrets() {
     // The good file is good: the cases fail for their own fault only.
     let file = dir.path().join("good.toml");
     std::fs::write(&file, &good).unwrap();
-    let out = bin()
-        .args(["check", "--config", path_str(&file)])
-        .envs(env)
-        .output()
-        .unwrap();
-    let text = output_text(&out);
+    let (_, text) = cli("check", &file, &env);
     assert!(text.contains("parsed and validated"), "{text}");
     secrets.assert_absent("`check` of the good file", &text);
 }
@@ -310,34 +256,20 @@ fn failing_configurations_do_not_show_secrets() {
 #[test]
 fn a_panic_does_not_show_secrets() {
     let _serial = serial();
-    let b = bootstrap();
-    let input = unique("secrets-panic-in");
-    let output = unique("secrets-panic-out");
-    create_topic(b, &input, 1);
-    assert!(verifiable_produce(b, &input, 100, -1, Some(1))
-        .status
-        .success());
-    let secrets = Secrets::new();
-    let mut spec = BridgeSpec::new(&input, &output);
-    let dir = temp_state_dir();
-    let password_file = dir.path().join("pw");
-    std::fs::write(&password_file, &secrets.file_password).unwrap();
-    spec.extra = secret_lines(&password_file);
-    let home = BridgeHome::new(spec);
-    let mut bridge = home.start(&[
-        (PASSWORD_VAR, secrets.env_password.as_str()),
-        ("EOS_BRIDGE_LOG", "debug"),
-        ("EOS_BRIDGE_FAILPOINT", "after-produce"),
-        ("EOS_BRIDGE_FAILPOINT_ACTION", "panic"),
-        ("RUST_BACKTRACE", "full"),
+    let (secrets, mut s) = with_secrets("secrets-panic", 1);
+    s.run(&[
+        Produce(100, 1),
+        StartWith(&[
+            (PASSWORD_VAR, secrets.env_password.as_str()),
+            ("EOS_BRIDGE_LOG", "debug"),
+            ("EOS_BRIDGE_FAILPOINT", "after-produce"),
+            ("EOS_BRIDGE_FAILPOINT_ACTION", "panic"),
+            ("RUST_BACKTRACE", "full"),
+        ]),
     ]);
-    let exit = bridge.wait_exit(Duration::from_secs(60));
-    let text = bridge.log_text();
-    assert!(
-        exit.is_some_and(|s| !s.success()),
-        "{exit:?}: {}",
-        tail(&text, 30)
-    );
+    let exit = s.wait_exit(Duration::from_secs(60));
+    let text = s.log();
+    assert!(!exit.success(), "{exit}: {}", tail(&text, 30));
     assert!(
         text.contains("panicked") && text.contains("failpoint 'after-produce' reached"),
         "{}",
@@ -374,42 +306,19 @@ fn https_agent(ca_der: &[u8]) -> ureq::Agent {
 #[test]
 fn the_api_serves_https_and_the_admin_token_works_over_it() {
     let _serial = serial();
-    let b = bootstrap();
-    let input = unique("tls-in");
-    let output = unique("tls-out");
-    create_topic(b, &input, 2);
-    assert!(verifiable_produce(b, &input, 500, -1, Some(1))
-        .status
-        .success());
-    let dir = temp_state_dir();
-    let (cert, key, ca) = certificate(dir.path());
+    let mut s = Scenario::new("tls", 2);
+    let (cert, key, ca) = certificate(s.home.dir.path());
     let token = format!("tok-{}", random_alnum(20));
-    let spec = BridgeSpec::new(&input, &output);
-    // BridgeSpec renders [api] itself; the TLS keys and the token go into it.
-    let port = free_port();
-    let state = dir.path().join("state");
-    let toml = spec.toml(&state, port).replacen(
-        "[api]\n",
-        &format!(
-            "[api]\ntls_cert = {:?}\ntls_key = {:?}\nadmin_token = \"${{env:{TOKEN_VAR}}}\"\n",
-            path_str(&cert),
-            path_str(&key)
-        ),
-        1,
+    s.spec().api_extra = format!(
+        "tls_cert = {:?}\ntls_key = {:?}\n{}",
+        path_str(&cert),
+        path_str(&key),
+        token_line()
     );
-    let config = dir.path().join("bridge.toml");
-    std::fs::write(&config, toml).unwrap();
-    let log = dir.path().join("bridge.log");
-    let log_file = std::fs::File::create(&log).unwrap();
-    let child = bin()
-        .args(["run", "--config", path_str(&config)])
-        .env(TOKEN_VAR, &token)
-        .stdin(std::process::Stdio::null())
-        .stdout(log_file.try_clone().unwrap())
-        .stderr(log_file)
-        .spawn()
-        .unwrap();
-    let mut bridge = Bridge { child, port, log };
+    s.run(&[Produce(500, 1), StartWith(&[(TOKEN_VAR, &token)])]);
+    let id = s.home.spec.id.clone();
+    let config = s.config();
+    let port = s.bridge().port;
 
     let https = https_agent(&ca);
     let base = format!("https://127.0.0.1:{port}");
@@ -430,15 +339,10 @@ fn the_api_serves_https_and_the_admin_token_works_over_it() {
         )
     };
     let done = wait_until(Duration::from_secs(60), || committed() == Some(500));
-    assert!(done, "{:?}: {}", committed(), tail(&bridge.log_text(), 30));
+    assert!(done, "{:?}: {}", committed(), tail(&s.log(), 30));
 
     assert_eq!(get("/health/live").map(|r| r.0), Some(200));
-    let out = bin()
-        .args(["check", "--config", path_str(&config)])
-        .env(TOKEN_VAR, &token)
-        .output()
-        .unwrap();
-    let text = output_text(&out);
+    let (_, text) = cli("check", &config, &[(TOKEN_VAR, &token)]);
     assert!(
         text.lines()
             .any(|l| l.starts_with("api tls") && l.contains("ok")),
@@ -446,7 +350,7 @@ fn the_api_serves_https_and_the_admin_token_works_over_it() {
     );
     let (code, status) = get("/api/v1/status").unwrap();
     assert_eq!(code, 200);
-    assert!(status.contains(&spec.id), "{status}");
+    assert!(status.contains(&id), "{status}");
 
     let post = |bearer: Option<&str>| -> (u16, String) {
         let mut req = https
@@ -479,11 +383,9 @@ fn the_api_serves_https_and_the_admin_token_works_over_it() {
     // The server is still up after the refused connections.
     assert_eq!(get("/health/live").map(|r| r.0), Some(200));
 
-    let exit = bridge.stop_gracefully(Duration::from_secs(30));
-    assert!(exit.success(), "{exit}: {}", tail(&bridge.log_text(), 30));
-    let n = exactly_once(b, &input, &output);
-    assert_eq!(n, 500);
-    let text = bridge.log_text();
+    s.run(&[Stop]);
+    assert_eq!(s.judge(), 500);
+    let text = s.log();
     assert!(!text.contains(&token), "the token appears in the log");
     assert!(text.contains("tls=true"), "{}", tail(&text, 30));
 }
@@ -524,12 +426,8 @@ fn a_bad_tls_setting_stops_the_start_naming_the_setting() {
     for (api, code, needles) in cases {
         let file = dir.path().join("bad-tls.toml");
         std::fs::write(&file, base.replacen("[api]\n", &api, 1)).unwrap();
-        let out = bin()
-            .args(["run", "--config", path_str(&file)])
-            .output()
-            .unwrap();
-        let text = output_text(&out);
-        assert_eq!(out.status.code(), Some(code), "{text}");
+        let (status, text) = cli("run", &file, &[]);
+        assert_eq!(status.code(), Some(code), "{text}");
         for needle in needles {
             assert!(text.contains(needle), "lacks {needle:?}: {text}");
         }

@@ -11,6 +11,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use common::bridge::*;
+use common::scenario::*;
 use common::secure::*;
 use common::*;
 
@@ -23,18 +24,10 @@ fn env_refs(env: &[(String, String)]) -> Vec<(&str, &str)> {
 /// Bridges RECORDS records over two partitions with these settings and judges the result.
 fn bridge_exactly_once(label: &str, source: &ClientSettings, sink: &ClientSettings) {
     let _serial = serial();
-    let broker = secure_broker();
     let began = Instant::now();
-    let input = unique("sec-in");
-    let output = unique("sec-out");
-    broker.create_topic(&input, 2);
-    broker.produce(&input, 2, RECORDS, 1);
-    let home = BridgeHome::new(secured_spec(&input, &output, source, sink));
-    let env = secured_env(source, sink);
-    let mut bridge = home.start(&env_refs(&env));
-    bridge.wait_committed(RECORDS as i64, Duration::from_secs(60));
-    assert!(bridge.stop_gracefully(Duration::from_secs(30)).success());
-    let out = broker.assert_exactly_once(&input, RECORDS as usize, &output);
+    let mut s = Scenario::secured("sec", 2, source, sink);
+    s.run(&[Produce(RECORDS, 1), Start, Committed, Stop]);
+    let out = s.judge();
     assert_eq!(out as u64, RECORDS);
     eprintln!(
         "{label}: {RECORDS} records in, {out} out, exactly once (read_committed), {:.1}s",
@@ -87,8 +80,7 @@ fn source_and_sink_with_different_mechanisms() {
 
 /// Runs `eos-bridge check` on the spec: (exit code, output, time taken).
 fn check(home: &BridgeHome, env: &[(String, String)]) -> (Option<i32>, String, Duration) {
-    let cfg = home.dir.path().join("check.toml");
-    std::fs::write(&cfg, home.spec.toml(&home.state_dir(), free_port())).unwrap();
+    let cfg = home.write_config("check", free_port());
     let began = Instant::now();
     let out = Command::new(env!("CARGO_BIN_EXE_eos-bridge"))
         .args(["check", "--config", path_str(&cfg)])
@@ -131,19 +123,14 @@ fn assert_failed_naming(what: &str, code: Option<i32>, text: &str, needles: &[&s
 #[test]
 fn a_wrong_password_stops_run_and_check_and_a_fixed_restart_bridges_everything_once() {
     let _serial = serial();
-    let broker = secure_broker();
-    let input = unique("pw-in");
-    let output = unique("pw-out");
-    broker.create_topic(&input, 2);
-    broker.produce(&input, 2, RECORDS, 1);
-    let good = broker.client(Auth::Scram512, "bridge");
+    let good = secure_broker().client(Auth::Scram512, "bridge");
     let wrong_password = format!("wrong-{}", random_suffix());
     let mut bad = good.clone();
     bad.password = Some(wrong_password.clone());
-    let home = BridgeHome::new(secured_spec(&input, &output, &good, &bad));
-    let env = secured_env(&good, &bad);
+    let mut s = Scenario::secured("pw", 2, &good, &bad);
+    s.run(&[Produce(RECORDS, 1)]);
 
-    let (code, text, took) = check(&home, &env);
+    let (code, text, took) = check(&s.home, &s.env);
     assert_failed_naming(
         "check",
         code,
@@ -151,7 +138,7 @@ fn a_wrong_password_stops_run_and_check_and_a_fixed_restart_bridges_everything_o
         &["sink connection", "authentication failed", "sasl.password"],
     );
     assert!(took < FAILURE_BOUND, "check took {took:?}");
-    let (run_code, log, run_took) = run_until_exit(&home, &env);
+    let (run_code, log, run_took) = run_until_exit(&s.home, &s.env);
     assert_failed_naming(
         "run",
         run_code,
@@ -171,16 +158,9 @@ fn a_wrong_password_stops_run_and_check_and_a_fixed_restart_bridges_everything_o
     );
 
     // The same bridge (id, markers, state directory), now with the right password.
-    let mut spec = home.spec.clone();
-    spec.extra = secured_spec(&input, &output, &good, &good).extra;
-    let fixed = BridgeHome {
-        dir: home.dir,
-        spec,
-    };
-    let mut bridge = fixed.start(&env_refs(&secured_env(&good, &good)));
-    bridge.wait_committed(RECORDS as i64, Duration::from_secs(60));
-    assert!(bridge.stop_gracefully(Duration::from_secs(30)).success());
-    let out = broker.assert_exactly_once(&input, RECORDS as usize, &output);
+    s.clients(&good, &good);
+    s.run(&[Start, Committed, Stop]);
+    let out = s.judge();
     assert_eq!(out as u64, RECORDS);
     eprintln!("after the fix: {RECORDS} in, {out} out, exactly once");
 }
@@ -287,23 +267,14 @@ fn an_unreachable_cluster_is_reported_by_ready_and_stops_start_up_after_its_time
 #[test]
 fn a_running_bridge_that_loses_its_sink_says_why_and_catches_up_once() {
     let _serial = serial();
-    let source = bootstrap();
     let sink = Broker::start_private("sec-lost");
-    let input = unique("lost-in");
-    let output = unique("lost-out");
-    create_topic(source, &input, 2);
-    assert!(verifiable_produce(source, &input, 1000, -1, Some(1))
-        .status
-        .success());
-    let mut spec = BridgeSpec::new(&input, &output);
-    spec.sink_bootstrap = sink.bootstrap.clone();
-    let home = BridgeHome::new(spec);
-    let mut bridge = home.start(&[]);
-    bridge.wait_committed(1000, Duration::from_secs(60));
+    let mut s = Scenario::between(bootstrap(), &sink.bootstrap, "lost", 2);
+    s.run(&[Produce(1000, 1), Start, Committed]);
 
     sink.kill9();
     let lost = Instant::now();
     let mut ready = None;
+    let bridge = s.bridge();
     let said_why = wait_until(Duration::from_secs(45), || {
         ready = bridge.get("/health/ready");
         matches!(&ready, Some((503, body)) if body.contains("sink cluster unreachable"))
@@ -319,17 +290,15 @@ fn a_running_bridge_that_loses_its_sink_says_why_and_catches_up_once() {
         "a running bridge waits for its cluster:\n{}",
         tail(&bridge.log_text(), 20)
     );
-    assert!(verifiable_produce(source, &input, 1000, -1, Some(2))
-        .status
-        .success());
+    s.run(&[Produce(1000, 2)]);
     sink.restart();
-    bridge.wait_committed(2000, Duration::from_secs(90));
+    s.run(&[CommittedWithin(90)]);
     let ready_again = wait_until(Duration::from_secs(30), || {
-        matches!(bridge.get("/health/ready"), Some((200, _)))
+        matches!(s.bridge().get("/health/ready"), Some((200, _)))
     });
     assert!(ready_again, "ready again after the sink is back");
-    assert!(bridge.stop_gracefully(Duration::from_secs(30)).success());
-    let out = assert_exactly_once(source, &input, &sink.bootstrap, &output);
+    s.run(&[Stop]);
+    let out = s.judge();
     assert_eq!(out, 2000);
     eprintln!(
         "lost sink: not ready after {:.1}s with {:?}; after the restart 2000 in, {out} out, exactly once",

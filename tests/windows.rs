@@ -147,12 +147,12 @@ fn start_latest_is_resolved_once_and_kept_until_the_first_commit() {
     s.stop();
 
     let (b, input, output) = (bootstrap(), &s.input, &s.output);
-    let mut wanted = by_partition(&console_consume(b, input, true, Duration::from_secs(4)));
+    let (source, sink) = read_committed_both((b, input), (b, output), Duration::from_secs(4));
+    let mut wanted = by_partition(&source);
     for values in wanted.values_mut() {
         values.retain(|v| v.starts_with("2."));
     }
     assert_eq!(wanted.values().map(Vec::len).sum::<usize>(), 300);
-    let sink = console_consume(b, output, true, Duration::from_secs(4));
     assert_same_sequences(&wanted, &by_partition(&sink));
     eprintln!(
         "start = latest across a kill -9 before the first commit: {} bridged of 300",

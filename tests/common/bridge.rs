@@ -35,6 +35,8 @@ pub struct BridgeSpec {
     pub transaction_timeout: &'static str,
     pub on_offset_out_of_range: &'static str,
     pub shutdown_timeout: &'static str,
+    /// Extra lines of the `[api]` table (TLS files, an admin token).
+    pub api_extra: String,
     /// Extra lines appended to the file (e.g. a [sink.kafka] table).
     pub extra: String,
 }
@@ -58,6 +60,7 @@ impl BridgeSpec {
             transaction_timeout: "30s",
             on_offset_out_of_range: "fail",
             shutdown_timeout: "20s",
+            api_extra: String::new(),
             extra: String::new(),
         }
     }
@@ -96,7 +99,7 @@ timeout = "{ctimeout}"
 timeout = "{ttimeout}"
 
 [api]
-listen = "127.0.0.1:{port}"
+{api_extra}listen = "127.0.0.1:{port}"
 
 [shutdown]
 timeout = "{stimeout}"
@@ -123,6 +126,7 @@ timeout = "{stimeout}"
             ttimeout = self.transaction_timeout,
             port = port,
             stimeout = self.shutdown_timeout,
+            api_extra = self.api_extra,
             extra = self.extra,
         )
     }
@@ -158,15 +162,53 @@ impl BridgeHome {
         self.start_with_args(env, &[])
     }
 
+    /// Writes the config file with the API on `port`, named after `command` and the port.
+    pub fn write_config(&self, command: &str, port: u16) -> PathBuf {
+        self.write_edited(command, port, &|toml| toml)
+    }
+
+    /// The same with the rendered text changed by `edit` (keys the spec does not render).
+    pub fn write_edited(
+        &self,
+        command: &str,
+        port: u16,
+        edit: &dyn Fn(String) -> String,
+    ) -> PathBuf {
+        let path = self.dir.path().join(format!("{command}-{port}.toml"));
+        std::fs::write(&path, edit(self.spec.toml(&self.state_dir(), port))).unwrap();
+        path
+    }
+
+    /// The config file the bridge `bridge` was started with.
+    pub fn config_of(&self, bridge: &Bridge) -> PathBuf {
+        self.dir.path().join(format!("run-{}.toml", bridge.port))
+    }
+
     /// Starts the bridge with extra arguments after `run --config FILE`.
     pub fn start_with_args(&self, env: &[(&str, &str)], args: &[&str]) -> Bridge {
+        self.spawn("run", env, args)
+    }
+
+    /// `eos-bridge COMMAND --config FILE ARGS` in the background (`run`, or `check` to wait for),
+    /// its output in a log file beside the config.
+    pub fn spawn(&self, command: &str, env: &[(&str, &str)], args: &[&str]) -> Bridge {
+        self.spawn_edited(command, env, args, &|toml| toml)
+    }
+
+    /// The same with the config file's text changed by `edit`.
+    pub fn spawn_edited(
+        &self,
+        command: &str,
+        env: &[(&str, &str)],
+        args: &[&str],
+        edit: &dyn Fn(String) -> String,
+    ) -> Bridge {
         let port = free_port();
-        let cfg_path = self.dir.path().join(format!("bridge-{port}.toml"));
-        std::fs::write(&cfg_path, self.spec.toml(&self.state_dir(), port)).unwrap();
-        let log = self.dir.path().join(format!("bridge-{port}.log"));
+        let cfg_path = self.write_edited(command, port, edit);
+        let log = self.dir.path().join(format!("{command}-{port}.log"));
         let log_file = std::fs::File::create(&log).unwrap();
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_eos-bridge"));
-        cmd.args(["run", "--config", cfg_path.to_str().unwrap()])
+        cmd.args([command, "--config", cfg_path.to_str().unwrap()])
             .args(args)
             .env("EOS_BRIDGE_LOG", "info,librdkafka=warn,rdkafka=warn")
             .stdin(Stdio::null())
@@ -339,24 +381,29 @@ pub fn tail(text: &str, lines: usize) -> String {
 /// The sum of the source topic's end offsets: for a topic written without transactions, the
 /// number of records, and where every position ends once everything is bridged.
 pub fn end_offsets_total(bootstrap: &str, topic: &str) -> i64 {
-    let out = kafka_tool(
-        "GetOffsetShell",
-        &[
-            "--bootstrap-server",
-            bootstrap,
-            "--topic",
-            topic,
-            "--time",
-            "-1",
-        ],
-    );
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .filter_map(|l| l.rsplit(':').next()?.trim().parse::<i64>().ok())
+    let mut config = rdkafka::ClientConfig::new();
+    config.set("bootstrap.servers", bootstrap);
+    watermarks_total(&config, topic)
+}
+
+/// The sum of the topic's high watermarks, asked by a client with `config` (a broker's answer; no
+/// JVM start for a number the tests ask for before every wait and verdict).
+pub fn watermarks_total(config: &rdkafka::ClientConfig, topic: &str) -> i64 {
+    use rdkafka::consumer::{BaseConsumer, Consumer};
+    let consumer: BaseConsumer = config.create().expect("consumer");
+    let timeout = Duration::from_secs(30);
+    let metadata = consumer
+        .fetch_metadata(Some(topic), timeout)
+        .unwrap_or_else(|e| panic!("metadata of {topic}: {e}"));
+    let partitions = metadata.topics()[0].partitions();
+    assert!(!partitions.is_empty(), "topic {topic} has no partitions");
+    partitions
+        .iter()
+        .map(|p| {
+            consumer
+                .fetch_watermarks(topic, p.id(), timeout)
+                .unwrap_or_else(|e| panic!("end offset of {topic}/{}: {e}", p.id()))
+                .1
+        })
         .sum()
 }

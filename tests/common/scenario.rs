@@ -12,6 +12,7 @@ use std::time::Duration;
 use rand::Rng;
 
 use super::bridge::*;
+use super::secure::*;
 use super::*;
 
 /// How long a bridge may take for a wait the test does not bound itself.
@@ -62,6 +63,11 @@ pub struct Scenario {
     pub input: String,
     pub output: String,
     pub home: BridgeHome,
+    /// Environment every start of the bridge gets (passwords referenced by the config).
+    pub env: Vec<(String, String)>,
+    /// Both topics on the secured broker, written and read as its admin user.
+    secured: Option<&'static SecureBroker>,
+    partitions: u32,
     bridge: Option<Bridge>,
 }
 
@@ -85,8 +91,55 @@ impl Scenario {
             input,
             output,
             home: BridgeHome::new(spec),
+            env: Vec::new(),
+            secured: None,
+            partitions,
             bridge: None,
         }
+    }
+
+    /// Topics `NAME-in-…` (created, `partitions`) and `NAME-out-…` on the secured broker, the
+    /// bridge connecting to each side with its settings.
+    pub fn secured(
+        name: &str,
+        partitions: u32,
+        source: &ClientSettings,
+        sink: &ClientSettings,
+    ) -> Scenario {
+        let input = unique(&format!("{name}-in"));
+        let output = unique(&format!("{name}-out"));
+        let mut s = Scenario::on_secured_broker(BridgeSpec::new(&input, &output), partitions);
+        s.clients(source, sink);
+        s
+    }
+
+    /// A scenario on the secured broker for a bridge configured by `spec` (its first source topic
+    /// is created, with `partitions`).
+    pub fn on_secured_broker(spec: BridgeSpec, partitions: u32) -> Scenario {
+        let broker = secure_broker();
+        let input = spec.source_topics[0].clone();
+        broker.create_topic(&input, partitions);
+        Scenario {
+            source: spec.source_bootstrap.clone(),
+            sink: spec.sink_bootstrap.clone(),
+            output: spec.sink_topic.clone(),
+            input,
+            home: BridgeHome::new(spec),
+            env: Vec::new(),
+            secured: Some(broker),
+            partitions,
+            bridge: None,
+        }
+    }
+
+    /// Each side's connection settings (and the passwords' environment), from the next start.
+    pub fn clients(&mut self, source: &ClientSettings, sink: &ClientSettings) {
+        let with = secured_spec(&self.input, &self.output, source, sink);
+        let spec = &mut self.home.spec;
+        spec.source_bootstrap = with.source_bootstrap;
+        spec.sink_bootstrap = with.sink_bootstrap;
+        spec.extra = with.extra;
+        self.env = secured_env(source, sink);
     }
 
     /// Changes the bridge's settings; they apply from the next start.
@@ -142,6 +195,10 @@ impl Scenario {
     }
 
     pub fn produce(&self, count: u64, prefix: u32) {
+        if let Some(broker) = self.secured {
+            broker.produce(&self.input, self.partitions as i32, count, prefix);
+            return;
+        }
         let out = verifiable_produce(&self.source, &self.input, count, -1, Some(prefix));
         assert!(
             out.status.success(),
@@ -158,15 +215,34 @@ impl Scenario {
 
     /// The sum of the input's end offsets: its record count, and where every position ends.
     pub fn input_total(&self) -> i64 {
-        end_offsets_total(&self.source, &self.input)
+        match self.secured {
+            Some(broker) => broker.end_offsets_total(&self.input),
+            None => end_offsets_total(&self.source, &self.input),
+        }
     }
 
-    /// Starts the bridge; one still running is killed -9 first, as a supervisor's restart would.
+    /// Starts the bridge with the scenario's environment and `env`; one still running is killed
+    /// -9 first, as a supervisor's restart would.
     pub fn start(&mut self, env: &[(&str, &str)]) -> &mut Bridge {
         if let Some(mut old) = self.bridge.take() {
             old.kill9();
         }
-        self.bridge.insert(self.home.start(env))
+        let mut all: Vec<(&str, &str)> = self
+            .env
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+            .collect();
+        all.extend_from_slice(env);
+        self.bridge.insert(self.home.start(&all))
+    }
+
+    /// The config file of the bridge started last.
+    pub fn config(&self) -> PathBuf {
+        self.home.config_of(
+            self.bridge
+                .as_ref()
+                .expect("the scenario has started a bridge"),
+        )
     }
 
     /// The bridge started last (running or not).
@@ -237,8 +313,19 @@ impl Scenario {
     /// Exactly once, by Kafka's console consumer with read_committed on both sides, and as many
     /// records as the input's end offsets say. Returns the record count.
     pub fn judge(&self) -> i64 {
-        let total = self.input_total();
-        let seen = assert_exactly_once(&self.source, &self.input, &self.sink, &self.output) as i64;
+        let (total, seen) = match self.secured {
+            Some(broker) => {
+                let total = self.input_total();
+                let seen = broker.assert_exactly_once(&self.input, total as usize, &self.output);
+                (total, seen as i64)
+            }
+            // The end offsets are asked while the console consumers wait out their idle time.
+            None => std::thread::scope(|scope| {
+                let total = scope.spawn(|| self.input_total());
+                let seen = assert_exactly_once(&self.source, &self.input, &self.sink, &self.output);
+                (total.join().expect("the end offsets"), seen as i64)
+            }),
+        };
         assert_eq!(seen, total, "the sink holds as many records as the input");
         seen
     }
@@ -252,13 +339,23 @@ impl Scenario {
     pub fn output_records(&self) -> BTreeMap<i32, Vec<String>> {
         read_committed(&self.sink, &self.output)
     }
+
+    /// Both, read at once: for topics that no longer change (the bridge has stopped or exited).
+    pub fn input_and_output_records(
+        &self,
+    ) -> (BTreeMap<i32, Vec<String>>, BTreeMap<i32, Vec<String>>) {
+        let (input, output) = read_committed_both(
+            (&self.source, &self.input),
+            (&self.sink, &self.output),
+            READ_IDLE,
+        );
+        (by_partition(&input), by_partition(&output))
+    }
 }
 
+/// How long the console consumer reads on after the last record.
+const READ_IDLE: Duration = Duration::from_secs(5);
+
 fn read_committed(bootstrap: &str, topic: &str) -> BTreeMap<i32, Vec<String>> {
-    by_partition(&console_consume(
-        bootstrap,
-        topic,
-        true,
-        Duration::from_secs(5),
-    ))
+    by_partition(&console_consume(bootstrap, topic, true, READ_IDLE))
 }

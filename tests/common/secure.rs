@@ -268,6 +268,11 @@ impl SecureBroker {
             .unwrap_or_else(|e| panic!("producing to {topic}: {e}"));
     }
 
+    /// The sum of the topic's end offsets (its record count when written without transactions).
+    pub fn end_offsets_total(&self, topic: &str) -> i64 {
+        bridge::watermarks_total(&self.admin_client_config(), topic)
+    }
+
     /// The topic as Kafka's console consumer reads it with read_committed over SASL_SSL: all of
     /// it (until idle for 8 s), or the first `count` records (at most 60 s).
     pub fn consume_committed(&self, topic: &str, count: Option<usize>) -> Vec<Seen> {
@@ -293,10 +298,15 @@ impl SecureBroker {
         records: usize,
         sink_topic: &str,
     ) -> usize {
-        let source_records = self.consume_committed(source_topic, Some(records));
+        // Both reads at once (the bridge has stopped, neither topic changes): the sink's read
+        // ends only after its idle time, and the source's runs meanwhile.
+        let (source_records, sink_records) = std::thread::scope(|scope| {
+            let source = scope.spawn(|| self.consume_committed(source_topic, Some(records)));
+            let sink_records = self.consume_committed(sink_topic, None);
+            (source.join().expect("the source read"), sink_records)
+        });
         assert_eq!(source_records.len(), records, "the whole source was read");
         let source = by_partition(&source_records);
-        let sink_records = self.consume_committed(sink_topic, None);
         assert_same_sequences(&source, &by_partition(&sink_records));
         sink_records.len()
     }
