@@ -266,14 +266,18 @@ pub fn console_consume(
     read(idle * 3)
 }
 
-/// The read_committed console consumer in the background, writing to `out` until idle for `idle`.
+/// The read_committed console consumer in the background, writing to `out` until it has read
+/// `records` records or was idle for `idle` (whichever comes first).
 pub fn spawn_console_consumer(
     bootstrap: &str,
     topic: &str,
+    records: u64,
     idle: Duration,
     out: &Path,
 ) -> std::process::Child {
-    console_command(bootstrap, &console_args(topic, true, idle, &PRINT_RECORD))
+    let mut args = console_args(topic, true, idle, &PRINT_RECORD);
+    args.extend(["--max-messages".to_string(), records.to_string()]);
+    console_command(bootstrap, &args)
         .stdout(std::fs::File::create(out).expect("reader output file"))
         .stderr(Stdio::null())
         .spawn()
