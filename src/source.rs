@@ -297,11 +297,6 @@ impl Source {
         select_topics(&self.selection, &seen)
     }
 
-    /// The source cluster's id and the ids of those of `topics` that exist.
-    pub(crate) fn ids(&self, topics: &[String]) -> Result<crate::admin::ClusterIds> {
-        crate::admin::cluster_ids(self.consumer.client(), topics, METADATA_TIMEOUT)
-    }
-
     /// The (topic, partition) pairs this instance owns among the discovered ones.
     pub(crate) fn owned(&self, topics: &BTreeMap<String, i32>) -> Vec<(String, i32)> {
         topics

@@ -108,7 +108,7 @@ impl Pipeline<'_> {
             .collect::<BTreeSet<_>>()
             .into_iter()
             .collect();
-        let s = self.source.ids(&src)?;
+        let s = self.source_admin.ids(&src)?;
         let k = self.admin.ids(&sinks)?;
         Ok(Identity {
             source_cluster: s.cluster_id,
@@ -250,7 +250,11 @@ impl Pipeline<'_> {
         }
         let sources: Vec<String> = consumed.keys().map(|t| t.to_string()).collect();
         let sinks: Vec<String> = produced.keys().map(|t| t.to_string()).collect();
-        let s = self.source.ids(&sources)?;
+        // Asked through the admin client, never the consumer: a broker answers one connection's
+        // requests in order, so on the consumer's connection this waited behind a fetch held
+        // for fetch.wait.max.ms (500 ms) whenever the partitions it fetched had nothing new,
+        // and every epoch took half a second.
+        let s = self.source_admin.ids(&sources)?;
         let k = self.admin.ids(&sinks)?;
         let now = Identity {
             source_cluster: s.cluster_id,
@@ -273,7 +277,7 @@ impl Pipeline<'_> {
         topic: &str,
         positions: &mut Positions,
     ) -> Result<BTreeSet<String>> {
-        let ids = self.source.ids(&[topic.to_string()])?;
+        let ids = self.source_admin.ids(&[topic.to_string()])?;
         let now = Identity {
             source_cluster: ids.cluster_id,
             source_topics: ids.topic_ids,
