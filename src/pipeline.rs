@@ -40,7 +40,7 @@ use crate::positions::Positions;
 use crate::recovery::plan_layout;
 use crate::savepoint::{Restore, Savepoint};
 use crate::sink::{is_permanent_record_error, InFlightLimit, Sink, SinkSettings, SourceRef};
-use crate::source::Source;
+use crate::source::{record_bytes, Source};
 use crate::status::{self, PartitionStatus, RunState, SharedStatus};
 use crate::transform::Router;
 
@@ -939,7 +939,7 @@ impl<'a> Pipeline<'a> {
                 partition: msg.partition(),
                 offset: msg.offset(),
             };
-            epoch_bytes += (msg.key_len() + msg.payload_len()) as u64;
+            epoch_bytes += record_bytes(&msg);
             if let Some(bad) = (!self.bad_records.is_empty())
                 .then(|| self.bad_records.get(&src))
                 .flatten()

@@ -133,7 +133,8 @@ impl Selection {
     }
 }
 
-fn record_bytes(m: &OwnedMessage) -> u64 {
+/// Key and payload bytes of a record: what the epoch's size bound and the read-ahead bound count.
+pub(crate) fn record_bytes(m: &impl Message) -> u64 {
     (m.key().map_or(0, <[u8]>::len) + m.payload().map_or(0, <[u8]>::len)) as u64
 }
 
@@ -169,12 +170,6 @@ pub(crate) enum Polled<'a> {
 }
 
 impl Polled<'_> {
-    pub(crate) fn key_len(&self) -> usize {
-        self.key().map_or(0, <[u8]>::len)
-    }
-    pub(crate) fn payload_len(&self) -> usize {
-        self.payload().map_or(0, <[u8]>::len)
-    }
     /// The record as an owned copy (held records, at-most-once).
     pub(crate) fn detach(self) -> OwnedMessage {
         match self {
