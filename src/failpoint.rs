@@ -6,8 +6,8 @@
 //! With `EOS_BRIDGE_FAILPOINT_ACTION=panic` it panics there instead, so that tests can read what a
 //! panic prints (it must never show a secret).
 //!
-//! The steps, in protocol order: `after-produce` (pipeline), `after-marker`, `after-flush`,
-//! `after-precommit`, `after-commit`, `after-mark-committed` (pipeline/protocol.rs, exactly-once);
+//! The steps, in protocol order: `after-produce` (pipeline), `after-marker`, `after-precommit`,
+//! `after-flush`, `after-commit`, `after-mark-committed` (pipeline/protocol.rs, exactly-once);
 //! of a new layout's take-over (docs/design.md, "Rescaling"): `after-intent`, `after-fence`,
 //! `after-takeover` (pipeline/recover.rs).
 

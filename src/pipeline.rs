@@ -13,7 +13,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc::Receiver;
+use std::sync::mpsc::{sync_channel, Receiver};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -358,6 +358,8 @@ struct EpochOutput<'p, 'a> {
     p: &'p mut Pipeline<'a>,
     id: u64,
     held: Vec<OwnedMessage>,
+    /// The answer of the thread asking for the epoch's topic ids (None: the epoch read nothing).
+    identity: Option<Receiver<Result<Identity>>>,
 }
 
 impl EpochSink for EpochOutput<'_, '_> {
@@ -374,6 +376,18 @@ impl EpochSink for EpochOutput<'_, '_> {
             .p
             .send_offset_mapping(c.id, c.created_ms, &c.positions)?;
         Ok(())
+    }
+
+    fn verify(&mut self) -> Result<()> {
+        let Some(answer) = self.identity.take() else {
+            return Ok(());
+        };
+        let now = answer.recv().unwrap_or_else(|_| {
+            Err(BridgeError::TopicAdmin(
+                "the thread asking for the topic ids did not start or answer".into(),
+            ))
+        });
+        self.p.verify_epoch(now)
     }
 
     fn commit(&mut self, deadline: Instant) -> Result<()> {
@@ -413,9 +427,10 @@ struct Pipeline<'a> {
     protocol: Protocol,
     cfg: Arc<Config>,
     shared: &'a Shared,
-    admin: Admin,
+    /// Shared with the thread that asks for the epoch's topic ids while its checkpoint flushes.
+    admin: Arc<Admin>,
     /// Reads source topic configs, which new sink topics copy and existing ones are judged by.
-    source_admin: Admin,
+    source_admin: Arc<Admin>,
     store: Arc<CheckpointStore>,
     commands: Receiver<Command>,
     restore: Option<Restore>,
@@ -611,8 +626,8 @@ impl<'a> Pipeline<'a> {
             protocol,
             cfg,
             shared,
-            admin,
-            source_admin,
+            admin: Arc::new(admin),
+            source_admin: Arc::new(source_admin),
             store,
             commands,
             restore,
@@ -838,7 +853,7 @@ impl<'a> Pipeline<'a> {
             .epochs_ended
             .with_label_values(&[read.trigger])
             .inc();
-        self.verify_epoch(&read.stats.consumed, &read.stats.produced)?;
+        let topics = identity_checks::epoch_topics(&read.stats.consumed, &read.stats.produced);
         let checkpoint = Checkpoint {
             id,
             bridge_id: cfg.bridge.id.clone(),
@@ -851,7 +866,13 @@ impl<'a> Pipeline<'a> {
             savepoint: savepoint_name,
             identity: Some(self.identity.clone()),
         };
-        self.complete(&checkpoint, read.held, barrier + cfg.checkpoint.timeout)?;
+        self.complete(
+            &checkpoint,
+            read.held,
+            topics,
+            barrier,
+            barrier + cfg.checkpoint.timeout,
+        )?;
         self.publish(checkpoint, read.stats, barrier);
         Ok(())
     }
@@ -984,6 +1005,8 @@ impl<'a> Pipeline<'a> {
         &mut self,
         c: &Checkpoint,
         held: Vec<OwnedMessage>,
+        topics: Option<(Vec<String>, Vec<String>)>,
+        barrier: Instant,
         deadline: Instant,
     ) -> Result<()> {
         let store = self.store.clone();
@@ -998,7 +1021,26 @@ impl<'a> Pipeline<'a> {
             self.in_flight.bytes()
         };
         let stop = AtomicBool::new(false);
+        let (source_admin, admin) = (Arc::clone(&self.source_admin), Arc::clone(&self.admin));
         let result = std::thread::scope(|scope| {
+            // The topic ids the commit must wait for: two metadata round trips, asked now so that
+            // they overlap the flush instead of preceding it.
+            let identity = topics.map(|topics| {
+                let (tx, rx) = sync_channel(1);
+                let (s_admin, k_admin, asked) = (&*source_admin, &*admin, topics.clone());
+                let answer = tx.clone();
+                let ask = move || {
+                    let _ = answer.send(identity_checks::epoch_identity(s_admin, k_admin, &asked));
+                };
+                if let Err(e) = std::thread::Builder::new()
+                    .name("eos-bridge-ids".into())
+                    .spawn_scoped(scope, ask)
+                {
+                    warn!(error = %e, "could not ask for the topic ids beside the flush; asking now");
+                    let _ = tx.send(identity_checks::epoch_identity(s_admin, k_admin, &topics));
+                }
+                rx
+            });
             if ahead_bytes > 0 {
                 let spawned = std::thread::Builder::new()
                     .name("eos-bridge-ahead".into())
@@ -1011,6 +1053,7 @@ impl<'a> Pipeline<'a> {
                 p: self,
                 id: c.id,
                 held,
+                identity,
             };
             let result = protocol.complete(&mut output, &*store, c, deadline, &mut progress);
             stop.store(true, Ordering::Release);
@@ -1030,6 +1073,8 @@ impl<'a> Pipeline<'a> {
         let ms = |d: Option<Duration>| d.map_or(0.0, |d| d.as_secs_f64() * 1e3);
         debug!(
             checkpoint = c.id,
+            total_ms = ms(Some(barrier.elapsed())),
+            verify_ms = ms(progress.verify_took),
             flush_ms = ms(progress.flush_took),
             store_ms = ms(progress.store_took),
             commit_ms = ms(progress.commit_took),

@@ -17,8 +17,8 @@ use common::*;
 const STEPS: [(&str, &str); 6] = [
     ("after-produce", "committed"),
     ("after-marker", "committed"),
-    ("after-flush", "committed"),
     ("after-precommit", "rolled_back"),
+    ("after-flush", "rolled_back"),
     ("after-commit", "committed"),
     ("after-mark-committed", "committed"),
 ];

@@ -8,6 +8,7 @@ use std::sync::Arc;
 use tracing::{error, info, warn};
 
 use super::Pipeline;
+use crate::admin::Admin;
 use crate::config::StartPosition;
 use crate::error::{Action, BridgeError, Result};
 use crate::identity::{self, Identity, IdentityError, Restart};
@@ -239,35 +240,50 @@ impl Pipeline<'_> {
     /// and created again when the new one already reaches them (the FIXME in its
     /// rd_kafka_topic_metadata_update), so without this an epoch could commit records of the new
     /// incarnation read from old positions, skipping those before; the periodic check alone would
-    /// find that only after the commit. An epoch that read nothing cannot have done so.
-    pub(super) fn verify_epoch(
-        &mut self,
-        consumed: &HashMap<Arc<str>, u64>,
-        produced: &HashMap<Arc<str>, u64>,
-    ) -> Result<()> {
-        if consumed.is_empty() {
-            return Ok(());
-        }
-        let sources: Vec<String> = consumed.keys().map(|t| t.to_string()).collect();
-        let sinks: Vec<String> = produced.keys().map(|t| t.to_string()).collect();
-        // Asked through the admin client, never the consumer: a broker answers one connection's
-        // requests in order, so on the consumer's connection this waited behind a fetch held
-        // for fetch.wait.max.ms (500 ms) whenever the partitions it fetched had nothing new,
-        // and every epoch took half a second.
-        let s = self.source_admin.ids(&sources)?;
-        let k = self.admin.ids(&sinks)?;
-        let now = Identity {
-            source_cluster: s.cluster_id,
-            sink_cluster: k.cluster_id,
-            source_topics: s.topic_ids,
-            sink_topics: k.topic_ids,
-        };
-        match self.check_identity_now(&now)? {
+    /// find that only after the commit. The ids are asked at the barrier, on a thread of their own
+    /// while the checkpoint flushes (`epoch_identity`), and judged here, before the commit.
+    pub(super) fn verify_epoch(&mut self, now: Result<Identity>) -> Result<()> {
+        match self.check_identity_now(&now?)? {
             None => Ok(()),
             Some(restart) => Err(restart_error(&restart)),
         }
     }
+}
 
+/// The topics an epoch read and wrote, whose ids its checkpoint's commit waits for (None: it read
+/// nothing, so it cannot have read a new incarnation).
+pub(super) fn epoch_topics(
+    consumed: &HashMap<Arc<str>, u64>,
+    produced: &HashMap<Arc<str>, u64>,
+) -> Option<(Vec<String>, Vec<String>)> {
+    if consumed.is_empty() {
+        return None;
+    }
+    let sources = consumed.keys().map(|t| t.to_string()).collect();
+    let sinks = produced.keys().map(|t| t.to_string()).collect();
+    Some((sources, sinks))
+}
+
+/// What the clusters report now about an epoch's topics. Asked through the admin clients, never
+/// the consumer: a broker answers one connection's requests in order, so on the consumer's
+/// connection this waited behind a fetch held for fetch.wait.max.ms (500 ms) whenever the
+/// partitions it fetched had nothing new, and every epoch took half a second.
+pub(super) fn epoch_identity(
+    source_admin: &Admin,
+    admin: &Admin,
+    (sources, sinks): &(Vec<String>, Vec<String>),
+) -> Result<Identity> {
+    let s = source_admin.ids(sources)?;
+    let k = admin.ids(sinks)?;
+    Ok(Identity {
+        source_cluster: s.cluster_id,
+        sink_cluster: k.cluster_id,
+        source_topics: s.topic_ids,
+        sink_topics: k.topic_ids,
+    })
+}
+
+impl Pipeline<'_> {
     /// A position outside its partition's offsets is also what a topic deleted and created again
     /// looks like (its offsets start over), so the topic's id is asked before retention is
     /// blamed. Under `stop` a change is the error; under `restart` the restarted topics are set to
