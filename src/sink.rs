@@ -352,7 +352,9 @@ pub(crate) struct Sink {
 }
 
 /// Our queue.buffering.max.messages when [sink.kafka] does not set one (librdkafka's is 100,000).
-const SINK_QUEUE_MESSAGES: &str = "20000";
+/// With small records it, not max_in_flight_bytes, bounds what a checkpoint's flush waits for:
+/// 10,000 100-byte records are flushed in 20-25 ms here (docs/sizing.md).
+pub(crate) const SINK_QUEUE_MESSAGES: usize = 10_000;
 
 /// Our batch.size when [sink.kafka] does not set one.
 const DEFAULT_BATCH_SIZE: usize = 1_000_000;
@@ -384,9 +386,10 @@ fn build_producer(
     // Defaults that [sink.kafka] may override. The queue bound keeps what a barrier's flush must
     // deliver small when records are small (the byte limit alone allows 40,000 records of 100 B);
     // docs/sizing.md has the figures.
-    cc.set("linger.ms", "5")
-        .set("compression.type", "lz4")
-        .set("queue.buffering.max.messages", SINK_QUEUE_MESSAGES);
+    cc.set("linger.ms", "5").set("compression.type", "lz4").set(
+        "queue.buffering.max.messages",
+        SINK_QUEUE_MESSAGES.to_string(),
+    );
     for (k, v) in &s.kafka {
         cc.set(k, v);
     }

@@ -156,8 +156,8 @@ struct Ahead {
 }
 
 /// The most records read ahead: each is a copy, and small records would otherwise fill the byte
-/// bound with hundreds of thousands of them (the sink's queue holds 20,000 at most anyway).
-const READ_AHEAD_MAX_RECORDS: usize = 20_000;
+/// bound with hundreds of thousands of them (the sink's queue holds no more by default anyway).
+const READ_AHEAD_MAX_RECORDS: usize = crate::sink::SINK_QUEUE_MESSAGES;
 
 /// How long one poll of the reading-ahead thread waits: a stop request is seen within it, and
 /// that wait is on the checkpoint's critical path.
@@ -237,12 +237,14 @@ impl Source {
     pub(crate) fn new(cfg: &Config) -> Result<Source> {
         let mut cc = ClientConfig::new();
         // Defaults [source.kafka] may override (docs/sizing.md has the measurements). librdkafka
-        // prefetches up to 64 MiB, most of the bridge's memory; 8 MiB keeps the pipeline fed.
-        // Whenever the prefetch is full it postpones the partition's next fetch by
-        // fetch.queue.backoff.ms, 1 s by default: the bridge, whose reading waits on the sink,
-        // fills it every checkpoint, and then read nothing for up to a second (2x the records/s
-        // at 100 B, and at 1 KB, with 10 ms).
-        cc.set("queued.max.messages.kbytes", "8192")
+        // prefetches up to 64 MiB or 100,000 records, most of the bridge's memory; 4 MiB or
+        // 40,000 records keeps the pipeline fed (small records cost more in librdkafka's per-record
+        // overhead than in payload, hence the count). Whenever the prefetch is full it postpones
+        // the partition's next fetch by fetch.queue.backoff.ms, 1 s by default: the bridge, whose
+        // reading waits on the sink, fills it every checkpoint, and then read nothing for up to a
+        // second (2x the records/s at 100 B, and at 1 KB, with 10 ms).
+        cc.set("queued.max.messages.kbytes", "4096")
+            .set("queued.min.messages", "40000")
             .set("fetch.queue.backoff.ms", "10");
         for (k, v) in cfg.source.kafka.iter() {
             cc.set(k, v);
