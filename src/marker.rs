@@ -182,6 +182,12 @@ fn marker_reader(s: &SinkSettings, isolation: &str) -> Result<BaseConsumer> {
         .set("enable.auto.commit", "false")
         .set("isolation.level", isolation)
         .set("enable.partition.eof", "true")
+        // A marker partition ends in a transaction's commit record, which is never handed out
+        // as a message: its read ends at the end-of-partition event, which comes with the first
+        // fetch that finds nothing new, and the broker holds such a fetch for fetch.wait.max.ms
+        // (500 ms by default). Every start-up reads the marker partitions twice (layout, then
+        // recovery), so this was a second of every restart (bench/recovery).
+        .set("fetch.wait.max.ms", "10")
         .set("auto.offset.reset", "earliest")
         .create()
         .map_err(|e| BridgeError::kafka("create marker reader", e))
