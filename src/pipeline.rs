@@ -91,6 +91,9 @@ pub(crate) enum Command {
     },
 }
 
+/// How many records the read loop polls between two looks at the shutdown token.
+const SHUTDOWN_CHECK_EVERY: u32 = 64;
+
 fn now_ms() -> i64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -622,6 +625,7 @@ impl<'a> Pipeline<'a> {
 
         let cfg_in_flight_cap = cfg.sink.max_in_flight_bytes;
         let cfg_checkpoint_timeout = cfg.checkpoint.timeout;
+        let cfg_interval = cfg.checkpoint.interval;
         let mut p = Pipeline {
             protocol,
             cfg,
@@ -640,7 +644,13 @@ impl<'a> Pipeline<'a> {
             topic_names: HashMap::new(),
             committed: Positions::new(),
             last_id: 0,
-            last_barrier: Instant::now(),
+            // As if the last barrier were an interval ago: the first epoch after a start or a
+            // recovery then ends after the shortest epoch allowed (a quarter of the interval),
+            // so that a restart commits, and shows itself healthy, soon after it recovered
+            // (bench/recovery: kill -9 to first commit).
+            last_barrier: Instant::now()
+                .checked_sub(cfg_interval)
+                .unwrap_or_else(Instant::now),
             last_discovery: Instant::now(),
             bad_records: HashMap::new(),
             dead_letter_partitions: HashMap::new(),
@@ -893,12 +903,18 @@ impl<'a> Pipeline<'a> {
         // Output bytes of this epoch, against checkpoint.max_bytes.
         let mut epoch_bytes: u64 = 0;
 
+        // Records polled since shutdown was last looked at: the token takes a lock, and at 100 B
+        // the per-record checks were a few percent of the bridge's CPU (bench/results
+        // 20261201-profile-eos-100b-1s-…). A shutdown reads at most this many more records into
+        // the final epoch.
+        let mut unchecked: u32 = 0;
         loop {
-            let now = Instant::now();
-            if self.shutdown_requested() {
+            let mut now = Instant::now();
+            if unchecked == 0 && self.shutdown_requested() {
                 read.trigger = "shutdown";
                 break;
             }
+            unchecked = (unchecked + 1) % SHUTDOWN_CHECK_EVERY;
             if now >= barrier_at {
                 break;
             }
@@ -916,18 +932,20 @@ impl<'a> Pipeline<'a> {
             }
             // Waited out before a record is read, not after: a record read is in the epoch's
             // positions and must be sent in it. A record may overshoot the limit by its size.
-            if !holds
-                && !self
-                    .sink
-                    .wait_in_flight_below(self.in_flight.bytes(), barrier_at)
-            {
-                break;
+            let limit = self.in_flight.bytes();
+            if !holds && self.sink.in_flight_bytes() >= limit {
+                if !self.sink.wait_in_flight_below(limit, barrier_at) {
+                    break;
+                }
+                // The wait for the limit took time: the poll's timeout counts from now.
+                now = Instant::now();
             }
             let wait = barrier_at
-                .saturating_duration_since(Instant::now())
+                .saturating_duration_since(now)
                 .min(Duration::from_millis(100));
             let msg = match self.source.poll(wait) {
                 None => {
+                    unchecked = 0;
                     status::update(&self.shared.status, |s| s.heartbeat = Instant::now());
                     continue;
                 }
