@@ -12,8 +12,9 @@
 //! checkpoints by ascending id, and the key stays printable for operators and for `CorruptEntry`.
 //!
 //! Durability: every mutating call applies exactly one `sled::Batch` (so a checkpoint and the
-//! pruning it causes land together or not at all); all but `mark_committed` (see there) then call `Db::flush`, then fsyncs any blob files
-//! sled wrote, then `sync_all` on a handle to `<dir>/db` held open by the store. `flush` alone ends
+//! pruning it causes land together or not at all); all but `mark_committed` (see there) then call
+//! `Db::flush`, then fsync any blob files sled wrote, then `sync_all` on a handle to `<dir>/db`
+//! held open by the store. `flush` alone ends
 //! in `sync_file_range` on Linux, which survives a process crash but not a power loss.
 
 use std::collections::{BTreeMap, HashSet};

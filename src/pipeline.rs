@@ -389,8 +389,8 @@ impl EpochSink for EpochOutput<'_, '_> {
             Err(BridgeError::TopicAdmin(
                 "the thread asking for the topic ids did not start or answer".into(),
             ))
-        });
-        self.p.verify_epoch(now)
+        })?;
+        self.p.verify_epoch(&now)
     }
 
     fn commit(&mut self, deadline: Instant) -> Result<()> {
@@ -1043,19 +1043,16 @@ impl<'a> Pipeline<'a> {
         let result = std::thread::scope(|scope| {
             // The topic ids the commit must wait for: two metadata round trips, asked now so that
             // they overlap the flush instead of preceding it.
-            let identity = topics.map(|topics| {
+            let ask = |topics| identity_checks::identity_of(&source_admin, &admin, topics);
+            let identity = topics.as_ref().map(|topics| {
                 let (tx, rx) = sync_channel(1);
-                let (s_admin, k_admin, asked) = (&*source_admin, &*admin, topics.clone());
                 let answer = tx.clone();
-                let ask = move || {
-                    let _ = answer.send(identity_checks::epoch_identity(s_admin, k_admin, &asked));
-                };
                 if let Err(e) = std::thread::Builder::new()
                     .name("eos-bridge-ids".into())
-                    .spawn_scoped(scope, ask)
+                    .spawn_scoped(scope, move || answer.send(ask(topics)))
                 {
                     warn!(error = %e, "could not ask for the topic ids beside the flush; asking now");
-                    let _ = tx.send(identity_checks::epoch_identity(s_admin, k_admin, &topics));
+                    let _ = tx.send(ask(topics));
                 }
                 rx
             });

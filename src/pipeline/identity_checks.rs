@@ -109,14 +109,7 @@ impl Pipeline<'_> {
             .collect::<BTreeSet<_>>()
             .into_iter()
             .collect();
-        let s = self.source_admin.ids(&src)?;
-        let k = self.admin.ids(&sinks)?;
-        Ok(Identity {
-            source_cluster: s.cluster_id,
-            sink_cluster: k.cluster_id,
-            source_topics: s.topic_ids,
-            sink_topics: k.topic_ids,
-        })
+        identity_of(&self.source_admin, &self.admin, &(src, sinks))
     }
 
     /// The identity verdict under the configured policy. Every change is counted once, whatever
@@ -241,9 +234,9 @@ impl Pipeline<'_> {
     /// rd_kafka_topic_metadata_update), so without this an epoch could commit records of the new
     /// incarnation read from old positions, skipping those before; the periodic check alone would
     /// find that only after the commit. The ids are asked at the barrier, on a thread of their own
-    /// while the checkpoint flushes (`epoch_identity`), and judged here, before the commit.
-    pub(super) fn verify_epoch(&mut self, now: Result<Identity>) -> Result<()> {
-        match self.check_identity_now(&now?)? {
+    /// while the checkpoint flushes (`identity_of`), and judged here, before the commit.
+    pub(super) fn verify_epoch(&mut self, now: &Identity) -> Result<()> {
+        match self.check_identity_now(now)? {
             None => Ok(()),
             Some(restart) => Err(restart_error(&restart)),
         }
@@ -264,11 +257,11 @@ pub(super) fn epoch_topics(
     Some((sources, sinks))
 }
 
-/// What the clusters report now about an epoch's topics. Asked through the admin clients, never
-/// the consumer: a broker answers one connection's requests in order, so on the consumer's
-/// connection this waited behind a fetch held for fetch.wait.max.ms (500 ms) whenever the
-/// partitions it fetched had nothing new, and every epoch took half a second.
-pub(super) fn epoch_identity(
+/// What the clusters report now about these source and sink topics. Asked through the admin
+/// clients, never the consumer: a broker answers one connection's requests in order, so on the
+/// consumer's connection this waited behind a fetch held for fetch.wait.max.ms (500 ms) whenever
+/// the partitions it fetched had nothing new, and every epoch took half a second.
+pub(super) fn identity_of(
     source_admin: &Admin,
     admin: &Admin,
     (sources, sinks): &(Vec<String>, Vec<String>),
