@@ -699,6 +699,23 @@ fn sync_dir(path: &Path) -> Result<(), StoreError> {
     }
 }
 
+/// Opens a store that this process held a moment ago. sled releases its directory lock when its
+/// background threads let go of the dropped database, a moment after the drop on a busy machine:
+/// poll for it, within a bound, and fail on any other error at once.
+#[cfg(test)]
+fn reopen(path: &Path, retain: usize) -> CheckpointStore {
+    let end = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        match CheckpointStore::open(path, retain) {
+            Ok(s) => return s,
+            Err(StoreError::Locked { .. }) if std::time::Instant::now() < end => {
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+            Err(e) => panic!("reopening {path:?}: {e}"),
+        }
+    }
+}
+
 #[cfg(test)]
 mod savepoint_tests {
     use super::*;
@@ -782,7 +799,7 @@ mod savepoint_tests {
             // A pending checkpoint proves no commit: the start positions stay.
             store.write_pending(&committed(1)).unwrap();
         }
-        let store = CheckpointStore::open(dir.path(), 2).unwrap();
+        let store = reopen(dir.path(), 2);
         assert_eq!(store.resolved_start().unwrap(), Some(start));
         assert!(
             store.load().unwrap().checkpoints.iter().all(|c| c.id != 0),
@@ -804,7 +821,7 @@ mod savepoint_tests {
             store.mark_committed(2).unwrap();
             store.sync().unwrap();
         }
-        let store = CheckpointStore::open(dir.path(), 5).unwrap();
+        let store = reopen(dir.path(), 5);
         let states: Vec<(u64, CheckpointState)> = store
             .load()
             .unwrap()
@@ -1025,22 +1042,6 @@ mod tests {
         assert_eq!(ids(&store), vec![(1, Committed)]);
     }
 
-    /// sled releases its directory lock when its flusher thread lets go of the dropped database,
-    /// a moment after the drop on a busy machine: poll for it, within a bound.
-    fn reopen(path: &Path) -> CheckpointStore {
-        let end = std::time::Instant::now() + std::time::Duration::from_secs(10);
-        loop {
-            match CheckpointStore::open(path, 5) {
-                Ok(s) => return s,
-                Err(e) if std::time::Instant::now() < end => {
-                    let _ = e;
-                    std::thread::sleep(std::time::Duration::from_millis(20));
-                }
-                Err(e) => panic!("reopening {path:?}: {e}"),
-            }
-        }
-    }
-
     #[test]
     fn reopen_after_drop_sees_everything() {
         let dir = tempfile::tempdir().unwrap();
@@ -1056,7 +1057,7 @@ mod tests {
             store.put_committed(&sp).unwrap();
             store.write_pending(&checkpoint(5, Pending)).unwrap();
         }
-        let store = reopen(&path);
+        let store = reopen(&path, 5);
         assert_eq!(
             ids(&store),
             vec![
@@ -1097,7 +1098,7 @@ mod tests {
             assert_eq!(store.corrupt_newest_for_tests().unwrap(), Some(3));
         }
         // The damage is durable, and survives a reopen.
-        let store = reopen(&path);
+        let store = reopen(&path, 5);
         let loaded = store.load().unwrap();
         assert_eq!(
             loaded.checkpoints.iter().map(|c| c.id).collect::<Vec<_>>(),
@@ -1162,7 +1163,7 @@ mod tests {
             fs::read_dir(dir.path().join("blobs")).unwrap().count() > 0,
             "expected sled to store this value as a blob"
         );
-        let store = CheckpointStore::open(dir.path(), 2).unwrap();
+        let store = reopen(dir.path(), 2);
         assert_eq!(store.load().unwrap().checkpoints, vec![big]);
     }
 

@@ -40,4 +40,4 @@ pub(crate) fn hit(step: &'static str) {
 
 #[cfg(not(feature = "failpoints"))]
 #[inline(always)]
-pub fn hit(_step: &'static str) {}
+pub(crate) fn hit(_step: &'static str) {}
