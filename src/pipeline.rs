@@ -39,10 +39,12 @@ use crate::offsets;
 use crate::positions::Positions;
 use crate::recovery::plan_layout;
 use crate::savepoint::{Restore, Savepoint};
-use crate::sink::{is_permanent_record_error, InFlightLimit, Sink, SinkSettings, SourceRef};
+use crate::sink::{
+    is_permanent_record_error, InFlightLimit, Origin, Sink, SinkSettings, SourceRef,
+};
 use crate::source::{record_bytes, Source};
 use crate::status::{self, PartitionStatus, RunState, SharedStatus};
-use crate::transform::Router;
+use crate::transform::{Route, Router};
 
 mod identity_checks;
 mod protocol;
@@ -91,7 +93,8 @@ pub(crate) enum Command {
     },
 }
 
-/// How many records the read loop polls between two looks at the shutdown token.
+/// How many records the read loop polls between two looks at the shutdown token and at the offset
+/// mapping's runs.
 const SHUTDOWN_CHECK_EVERY: u32 = 64;
 
 fn now_ms() -> i64 {
@@ -215,7 +218,7 @@ fn send_dead_letter<M: Message>(
         msg.payload(),
         Some(headers),
         msg.timestamp().to_millis(),
-        src,
+        src.into(),
     )
 }
 
@@ -355,6 +358,65 @@ struct EpochStats {
     samples: Vec<i64>,
 }
 
+/// The source partition the read loop is in, and where its records go. A fetch hands out one
+/// partition's records in a run, so the topic's name is looked up, its route resolved and its
+/// records counted once per run rather than per record: at 100 B those per-record map lookups
+/// were ~5 % of the bridge's CPU (bench/results/20261201-profile-eos-100b-1s-s6-before.txt).
+struct Lane {
+    topic: Arc<str>,
+    partition: i32,
+    route: Route,
+    /// The sink's slot for the partition, for records' packed origins.
+    slot: Option<u16>,
+    /// The next offset to read, after the lane's last record.
+    next_offset: i64,
+    consumed: u64,
+    produced: u64,
+}
+
+impl Lane {
+    fn open(topic: Arc<str>, partition: i32, router: &mut Router, sink: &mut Sink) -> Lane {
+        let route = router.route_of(&topic);
+        let slot = sink.source_slot(&topic, partition);
+        Lane {
+            topic,
+            partition,
+            route,
+            slot,
+            next_offset: 0,
+            consumed: 0,
+            produced: 0,
+        }
+    }
+
+    fn source(&self, offset: i64) -> SourceRef {
+        SourceRef {
+            topic: self.topic.clone(),
+            partition: self.partition,
+            offset,
+        }
+    }
+
+    /// Where a record at `offset` came from, for its delivery report.
+    fn origin(&self, offset: i64) -> Origin {
+        self.slot
+            .and_then(|slot| Origin::packed(slot, offset))
+            .unwrap_or_else(|| self.source(offset).into())
+    }
+
+    /// Moves what the lane read into the epoch's positions and counts.
+    fn close(self, positions: &mut Positions, stats: &mut EpochStats) {
+        if self.consumed == 0 {
+            return;
+        }
+        positions.set(&self.topic, self.partition, self.next_offset);
+        *stats.consumed.entry(self.topic).or_default() += self.consumed;
+        if self.produced > 0 {
+            *stats.produced.entry(self.route.topic).or_default() += self.produced;
+        }
+    }
+}
+
 /// The pipeline's side of the protocol's sink: the transactional producer, with the in-flight
 /// limit and the routing of held records.
 struct EpochOutput<'p, 'a> {
@@ -418,7 +480,7 @@ impl EpochSink for EpochOutput<'_, '_> {
                 m.payload(),
                 headers,
                 m.timestamp().to_millis(),
-                src,
+                src.into(),
             )?;
         }
         Ok(())
@@ -903,16 +965,30 @@ impl<'a> Pipeline<'a> {
         // Output bytes of this epoch, against checkpoint.max_bytes.
         let mut epoch_bytes: u64 = 0;
 
-        // Records polled since shutdown was last looked at: the token takes a lock, and at 100 B
-        // the per-record checks were a few percent of the bridge's CPU (bench/results
-        // 20261201-profile-eos-100b-1s-…). A shutdown reads at most this many more records into
-        // the final epoch.
+        // Records polled since shutdown and the offset mapping's runs were last looked at: both
+        // take a lock, and at 100 B the per-record checks were a few percent of the bridge's CPU
+        // (bench/results 20261201-profile-eos-100b-1s-…). A shutdown reads at most this many more
+        // records into the final epoch.
         let mut unchecked: u32 = 0;
+        let mut lane: Option<Lane> = None;
         loop {
             let mut now = Instant::now();
-            if unchecked == 0 && self.shutdown_requested() {
-                read.trigger = "shutdown";
-                break;
+            if unchecked == 0 {
+                if self.shutdown_requested() {
+                    read.trigger = "shutdown";
+                    break;
+                }
+                // The runs count is behind a lock the delivery thread takes per record. Runs are
+                // counted from delivery reports, which lag the sends anyway: looking every 64
+                // records does not make the bound any looser in kind.
+                if self
+                    .offsets
+                    .as_ref()
+                    .is_some_and(|o| o.full(self.sink.runs().runs()))
+                {
+                    read.trigger = "offsets";
+                    break;
+                }
             }
             unchecked = (unchecked + 1) % SHUTDOWN_CHECK_EVERY;
             if now >= barrier_at {
@@ -920,14 +996,6 @@ impl<'a> Pipeline<'a> {
             }
             if epoch_bytes >= cfg.checkpoint.max_bytes {
                 read.trigger = "size";
-                break;
-            }
-            if self
-                .offsets
-                .as_ref()
-                .is_some_and(|o| o.full(self.sink.runs().runs()))
-            {
-                read.trigger = "offsets";
                 break;
             }
             // Waited out before a record is read, not after: a record read is in the epoch's
@@ -962,10 +1030,26 @@ impl<'a> Pipeline<'a> {
                 }
                 Some(Ok(m)) => m,
             };
-            let src_topic = interned(&mut self.topic_names, msg.topic());
-            read.positions
-                .set(&src_topic, msg.partition(), msg.offset() + 1);
-            *stats.consumed.entry(src_topic.clone()).or_default() += 1;
+            let in_lane = lane
+                .as_ref()
+                .is_some_and(|l| l.partition == msg.partition() && *l.topic == *msg.topic());
+            if !in_lane {
+                if let Some(done) = lane.take() {
+                    done.close(&mut read.positions, stats);
+                }
+                let topic = interned(&mut self.topic_names, msg.topic());
+                lane = Some(Lane::open(
+                    topic,
+                    msg.partition(),
+                    &mut self.router,
+                    &mut self.sink,
+                ));
+            }
+            let Some(l) = lane.as_mut() else {
+                unreachable!("a lane was opened above")
+            };
+            l.next_offset = msg.offset() + 1;
+            l.consumed += 1;
             let ts = msg.timestamp().to_millis();
             if count.is_multiple_of(LATENCY_SAMPLE) {
                 if let Some(ts) = ts {
@@ -973,14 +1057,13 @@ impl<'a> Pipeline<'a> {
                 }
             }
             count += 1;
-            let src = SourceRef {
-                topic: src_topic,
-                partition: msg.partition(),
-                offset: msg.offset(),
-            };
             epoch_bytes += record_bytes(&msg);
-            if let Some(bad) = (!self.bad_records.is_empty())
-                .then(|| self.bad_records.get(&src))
+            if let Some((src, bad)) = (!self.bad_records.is_empty())
+                .then(|| {
+                    let src = l.source(msg.offset());
+                    let bad = self.bad_records.get(&src)?;
+                    Some((src, bad))
+                })
                 .flatten()
             {
                 let topic = cfg.dead_letter_topic_for(&src.topic);
@@ -993,25 +1076,27 @@ impl<'a> Pipeline<'a> {
                 send_dead_letter(&mut self.sink, &topic, partitions, &msg, src, bad)?;
                 continue;
             }
-            let (sink_topic, partition) =
-                self.router.route(msg.topic(), msg.partition(), msg.key());
-            *stats.produced.entry(sink_topic.clone()).or_default() += 1;
+            let partition = l.route.partition(msg.partition(), msg.key());
+            l.produced += 1;
             if holds {
                 read.held.push(msg.detach());
                 continue;
             }
             self.sink.send(
-                &sink_topic,
+                &l.route.topic,
                 partition,
                 msg.key(),
                 msg.payload(),
                 msg.headers().map(|h| h.detach()),
                 ts,
-                src,
+                l.origin(msg.offset()),
             )?;
             if count == 1 {
                 failpoint::hit("after-produce");
             }
+        }
+        if let Some(done) = lane {
+            done.close(&mut read.positions, &mut read.stats);
         }
         Ok(read)
     }

@@ -13,14 +13,17 @@
 //! error, which outranks the collateral ones (purged, erroneous state), and a refused send waits
 //! briefly for the delivery reports that say which record really failed.
 
+use std::collections::HashMap;
+use std::ffi::c_void;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::{Arc, Condvar, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
 use rdkafka::config::ClientConfig;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{Message, OwnedHeaders, ToBytes};
 use rdkafka::producer::{BaseRecord, DeliveryResult, Producer, ProducerContext, ThreadedProducer};
+use rdkafka::util::IntoOpaque;
 use rdkafka::ClientContext;
 use tracing::{info, warn};
 
@@ -35,6 +38,71 @@ pub(crate) struct SourceRef {
     pub topic: Arc<str>,
     pub partition: i32,
     pub offset: i64,
+}
+
+/// Where an output record came from, as it travels through librdkafka to its delivery report.
+///
+/// A source record from a partition the sink has a slot for (`Sink::source_slot`) travels packed
+/// into the opaque pointer itself, so that nothing is allocated per record on the pipeline thread
+/// and freed on the delivery thread (at 100 B the boxed form, with its shared topic name, was a
+/// few percent of the bridge's CPU: bench/results/20261201-profile-eos-100b-1s-s6-before.txt).
+/// Everything else (the marker, the offset mapping, a dead letter, an offset of 2^47 or more) is
+/// boxed.
+#[derive(Debug)]
+pub(crate) enum Origin {
+    Packed { slot: u16, offset: i64 },
+    Boxed(Box<SourceRef>),
+}
+
+// The packed form needs 1 tag bit, 47 offset bits and 16 slot bits.
+const _: () = assert!(
+    usize::BITS == 64,
+    "eos-bridge packs record origins into 64-bit pointers"
+);
+/// Set in a packed origin; never in a box's pointer (SourceRef is 8-aligned).
+const PACKED_TAG: usize = 1;
+const PACKED_OFFSET_BITS: u32 = 47;
+
+impl Origin {
+    /// The packed origin of a record at `offset` in slot `slot`, if the offset fits.
+    pub(crate) fn packed(slot: u16, offset: i64) -> Option<Origin> {
+        (0..1i64 << PACKED_OFFSET_BITS)
+            .contains(&offset)
+            .then_some(Origin::Packed { slot, offset })
+    }
+}
+
+impl From<SourceRef> for Origin {
+    fn from(source: SourceRef) -> Origin {
+        Origin::Boxed(Box::new(source))
+    }
+}
+
+impl IntoOpaque for Origin {
+    fn into_ptr(self) -> *mut c_void {
+        match self {
+            Origin::Packed { slot, offset } => {
+                (((slot as usize) << (PACKED_OFFSET_BITS + 1))
+                    | ((offset as usize) << 1)
+                    | PACKED_TAG) as *mut c_void
+            }
+            Origin::Boxed(b) => Box::into_raw(b).cast(),
+        }
+    }
+
+    unsafe fn from_ptr(ptr: *mut c_void) -> Origin {
+        let v = ptr as usize;
+        if v & PACKED_TAG == PACKED_TAG {
+            Origin::Packed {
+                slot: (v >> (PACKED_OFFSET_BITS + 1)) as u16,
+                offset: ((v >> 1) & ((1 << PACKED_OFFSET_BITS) - 1)) as i64,
+            }
+        } else {
+            // SAFETY: an untagged pointer was made by `into_ptr` from a Box, and librdkafka hands
+            // each record's opaque back exactly once (its delivery report, or a refused send).
+            Origin::Boxed(unsafe { Box::from_raw(ptr.cast()) })
+        }
+    }
 }
 
 #[derive(Clone, Debug)]
@@ -125,6 +193,8 @@ pub(crate) struct SinkContext {
     /// Where each source record landed, as runs, for the offset mapping (when it is kept).
     collect_runs: AtomicBool,
     runs: Mutex<RunCollector>,
+    /// The source partition of each slot of a packed origin; written when a slot is added.
+    sources: RwLock<Vec<(Arc<str>, i32)>>,
 }
 
 impl SinkContext {
@@ -192,6 +262,27 @@ impl SinkContext {
         self.failed.store(true, Ordering::Release);
     }
 
+    /// The source record an origin names.
+    fn source_of(&self, origin: Origin) -> SourceRef {
+        match origin {
+            Origin::Boxed(source) => *source,
+            Origin::Packed { slot, offset } => {
+                let sources = self.sources.read().unwrap_or_else(|p| p.into_inner());
+                // A slot is handed out only once its entry is in: the fallback is never taken, but
+                // a panic here would abort the process inside librdkafka's callback.
+                let (topic, partition) = sources
+                    .get(usize::from(slot))
+                    .cloned()
+                    .unwrap_or_else(|| ("<unknown>".into(), -1));
+                SourceRef {
+                    topic,
+                    partition,
+                    offset,
+                }
+            }
+        }
+    }
+
     fn has_failed(&self) -> bool {
         self.failed.load(Ordering::Acquire)
     }
@@ -214,30 +305,42 @@ impl ClientContext for SinkContext {
 }
 
 impl ProducerContext for SinkContext {
-    type DeliveryOpaque = Box<SourceRef>;
+    type DeliveryOpaque = Origin;
 
-    fn delivery(&self, result: &DeliveryResult<'_>, source: Self::DeliveryOpaque) {
+    fn delivery(&self, result: &DeliveryResult<'_>, origin: Origin) {
         let msg = match result {
             Ok(msg) | Err((_, msg)) => msg,
         };
         let bytes = msg.key().map_or(0, <[u8]>::len) + msg.payload_len();
         match result {
             Err((e, msg)) => self.record_failure(DeliveryFailure {
-                source: *source,
+                source: self.source_of(origin),
                 code: e.rdkafka_error_code(),
                 reason: e.to_string(),
                 payload_len: msg.payload_len(),
             }),
-            // The marker and the mapping records carry offset -1: they are no source record.
-            Ok(msg) if source.offset >= 0 && self.collect_runs.load(Ordering::Acquire) => {
-                self.runs.lock().unwrap_or_else(|p| p.into_inner()).record(
-                    &source.topic,
-                    source.partition,
-                    source.offset,
-                    msg.topic(),
-                    msg.partition(),
-                    msg.offset(),
-                )
+            Ok(msg) if self.collect_runs.load(Ordering::Acquire) => {
+                let record = |topic: &Arc<str>, partition: i32, offset: i64| {
+                    self.runs.lock().unwrap_or_else(|p| p.into_inner()).record(
+                        topic,
+                        partition,
+                        offset,
+                        msg.topic(),
+                        msg.partition(),
+                        msg.offset(),
+                    )
+                };
+                match origin {
+                    Origin::Packed { slot, offset } => {
+                        let sources = self.sources.read().unwrap_or_else(|p| p.into_inner());
+                        if let Some((topic, partition)) = sources.get(usize::from(slot)) {
+                            record(topic, *partition, offset);
+                        }
+                    }
+                    // The marker and the mapping records carry offset -1: they are no source record.
+                    Origin::Boxed(s) if s.offset >= 0 => record(&s.topic, s.partition, s.offset),
+                    Origin::Boxed(_) => {}
+                }
             }
             Ok(_) => {}
         }
@@ -311,7 +414,7 @@ impl InFlightLimit {
 }
 
 /// A record librdkafka would not take, handed back with the reason.
-type Refused<'r, K, P> = (KafkaError, BaseRecord<'r, K, P, Box<SourceRef>>);
+type Refused<'r, K, P> = (KafkaError, BaseRecord<'r, K, P, Origin>);
 
 /// How the sink writes: in transactions (exactly-once) or with a plain idempotent producer.
 #[derive(Clone, Debug)]
@@ -349,6 +452,8 @@ pub(crate) struct Sink {
     batch_cap: Option<usize>,
     /// Whether delivery reports feed the offset mapping (see `collect_runs`).
     collecting: bool,
+    /// The slot of each source partition in the context's `sources`.
+    slots: HashMap<(Arc<str>, i32), u16>,
 }
 
 /// Our queue.buffering.max.messages when [sink.kafka] does not set one (librdkafka's is 100,000).
@@ -423,6 +528,7 @@ impl Sink {
             state: TxnState::Ready,
             batch_cap: None,
             collecting: false,
+            slots: HashMap::new(),
         };
         sink.init_transactions(deadline)?;
         Ok(sink)
@@ -472,6 +578,14 @@ impl Sink {
 
     fn replace_producer(&mut self, deadline: Duration) -> Result<()> {
         let fresh = build_producer(&self.settings, self.batch_cap)?;
+        // The slots handed out stay valid for the new producer.
+        let sources = self.producer.context().sources.read().map(|s| s.clone());
+        *fresh
+            .context()
+            .sources
+            .write()
+            .unwrap_or_else(|p| p.into_inner()) =
+            sources.unwrap_or_else(|p| p.into_inner().clone());
         // Dropping the old producer purges whatever it still had in flight.
         self.producer = fresh;
         let collecting = self.collecting;
@@ -603,14 +717,14 @@ impl Sink {
         payload: Option<&[u8]>,
         headers: Option<OwnedHeaders>,
         timestamp: Option<i64>,
-        source: SourceRef,
+        origin: Origin,
     ) -> Result<()> {
         debug_assert!(
             matches!(self.state, TxnState::Open(_)),
             "send outside a transaction"
         );
-        let mut record: BaseRecord<'_, [u8], [u8], Box<SourceRef>> =
-            BaseRecord::with_opaque_to(topic, Box::new(source)).partition(partition);
+        let mut record: BaseRecord<'_, [u8], [u8], Origin> =
+            BaseRecord::with_opaque_to(topic, origin).partition(partition);
         if let Some(k) = key {
             record = record.key(k);
         }
@@ -640,7 +754,7 @@ impl Sink {
                 // Not this record's fault: the producer is done for and must be rebuilt.
                 return self.fenced_or(e, "produce");
             }
-            let src = back.delivery_opaque;
+            let src = self.producer.context().source_of(back.delivery_opaque);
             BridgeError::Delivery {
                 topic: src.topic.to_string(),
                 partition: src.partition,
@@ -685,7 +799,7 @@ impl Sink {
     #[allow(clippy::result_large_err)]
     fn enqueue<'r, K, P>(
         &self,
-        mut record: BaseRecord<'r, K, P, Box<SourceRef>>,
+        mut record: BaseRecord<'r, K, P, Origin>,
     ) -> std::result::Result<(), Refused<'r, K, P>>
     where
         K: ToBytes + ?Sized,
@@ -746,6 +860,25 @@ impl Sink {
         }
     }
 
+    /// The slot of a source partition, for packed origins (`Origin::packed`); None once 65,536
+    /// partitions have one (their records' origins are boxed).
+    pub(crate) fn source_slot(&mut self, topic: &Arc<str>, partition: i32) -> Option<u16> {
+        let key = (topic.clone(), partition);
+        if let Some(slot) = self.slots.get(&key) {
+            return Some(*slot);
+        }
+        let mut sources = self
+            .producer
+            .context()
+            .sources
+            .write()
+            .unwrap_or_else(|p| p.into_inner());
+        let slot = u16::try_from(sources.len()).ok()?;
+        sources.push(key.clone());
+        self.slots.insert(key, slot);
+        Some(slot)
+    }
+
     /// Whether delivery reports feed the offset mapping's runs (kept across producer rebuilds).
     pub(crate) fn collect_runs(&mut self, on: bool) {
         self.collecting = on;
@@ -767,16 +900,15 @@ impl Sink {
     /// Queues one record of the offset mapping into the open transaction, after the flush: it
     /// commits or aborts with the checkpoint's output and marker. commit_transaction flushes it.
     pub(crate) fn send_mapping(&mut self, topic: &str, key: &str, payload: &[u8]) -> Result<()> {
-        let me = Box::new(SourceRef {
+        let me = Origin::from(SourceRef {
             topic: topic.into(),
             partition: 0,
             offset: -1,
         });
-        let record: BaseRecord<'_, str, [u8], Box<SourceRef>> =
-            BaseRecord::with_opaque_to(topic, me)
-                .partition(0)
-                .key(key)
-                .payload(payload);
+        let record: BaseRecord<'_, str, [u8], Origin> = BaseRecord::with_opaque_to(topic, me)
+            .partition(0)
+            .key(key)
+            .payload(payload);
         self.enqueue(record).map_err(|(e, _)| {
             self.earlier_failure(&e)
                 .or_else(|| self.delivery_failure())
@@ -788,12 +920,12 @@ impl Sink {
     pub(crate) fn send_marker(&mut self, marker: &Marker) -> Result<()> {
         let key = self.settings.marker_key.clone();
         let payload = marker.encode();
-        let me = Box::new(SourceRef {
+        let me = Origin::from(SourceRef {
             topic: self.settings.marker_topic.as_str().into(),
             partition: self.settings.marker_partition,
             offset: -1,
         });
-        let record: BaseRecord<'_, str, [u8], Box<SourceRef>> =
+        let record: BaseRecord<'_, str, [u8], Origin> =
             BaseRecord::with_opaque_to(&self.settings.marker_topic, me)
                 .partition(self.settings.marker_partition)
                 .key(key.as_str())
@@ -1101,6 +1233,48 @@ mod tests {
             });
         }
         assert_eq!(ctx.take_failure().unwrap().source, at(11));
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn a_packed_origin_comes_back_as_it_went(slot: u16, offset in 0i64..1 << 47) {
+            let origin = Origin::packed(slot, offset).expect("fits");
+            // SAFETY: the pointer was made by into_ptr just above and is taken back once.
+            let back = unsafe { Origin::from_ptr(origin.into_ptr()) };
+            let same = matches!(back, Origin::Packed { slot: s, offset: o } if s == slot && o == offset);
+            proptest::prop_assert!(same, "{:?} came back as {:?}", (slot, offset), back);
+        }
+    }
+
+    #[test]
+    fn origins_that_do_not_pack_are_boxed_and_name_their_record() {
+        assert!(Origin::packed(0, 1 << 47).is_none());
+        assert!(Origin::packed(0, -1).is_none());
+        let ctx = SinkContext::default();
+        let src = SourceRef {
+            topic: "orders".into(),
+            partition: 3,
+            offset: i64::MAX,
+        };
+        // SAFETY: the pointer was made by into_ptr just above and is taken back once.
+        let back = unsafe { Origin::from_ptr(Origin::from(src.clone()).into_ptr()) };
+        assert_eq!(ctx.source_of(back), src);
+
+        ctx.sources
+            .write()
+            .unwrap()
+            .extend([("a".into(), 0), ("orders".into(), 3)]);
+        let packed = Origin::packed(1, 77).unwrap();
+        // SAFETY: as above.
+        let back = unsafe { Origin::from_ptr(packed.into_ptr()) };
+        assert_eq!(
+            ctx.source_of(back),
+            SourceRef {
+                topic: "orders".into(),
+                partition: 3,
+                offset: 77
+            }
+        );
     }
 
     fn failure(offset: i64, code: RDKafkaErrorCode, len: usize) -> DeliveryFailure {

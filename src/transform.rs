@@ -49,6 +49,23 @@ impl Router {
             .insert(sink_topic.to_string(), partitions);
     }
 
+    /// Where a source topic's records go: resolved once per run of records from one source
+    /// partition, not per record (the read loop's lanes).
+    pub(crate) fn route_of(&mut self, source_topic: &str) -> Route {
+        let topic = self.sink_topic(source_topic);
+        let by_key = match self.partitioning {
+            Partitioning::Preserve => None,
+            Partitioning::Key => Some(
+                self.sink_partitions
+                    .get(&*topic)
+                    .copied()
+                    .unwrap_or(1)
+                    .max(1),
+            ),
+        };
+        Route { topic, by_key }
+    }
+
     /// Sink topic and partition of one record.
     pub(crate) fn route(
         &mut self,
@@ -56,23 +73,27 @@ impl Router {
         source_partition: i32,
         key: Option<&[u8]>,
     ) -> (Arc<str>, i32) {
-        let topic = self.sink_topic(source_topic);
-        let partition = match self.partitioning {
-            Partitioning::Preserve => source_partition,
-            Partitioning::Key => {
-                let n = self
-                    .sink_partitions
-                    .get(&*topic)
-                    .copied()
-                    .unwrap_or(1)
-                    .max(1);
-                match key {
-                    Some(k) => kafka_key_partition(k, n),
-                    None => source_partition % n,
-                }
-            }
-        };
-        (topic, partition)
+        let route = self.route_of(source_topic);
+        let partition = route.partition(source_partition, key);
+        (route.topic, partition)
+    }
+}
+
+/// A source topic's sink topic, and how a record's sink partition is picked.
+#[derive(Clone, Debug)]
+pub(crate) struct Route {
+    pub(crate) topic: Arc<str>,
+    /// The sink topic's partition count, when records are placed by key.
+    by_key: Option<i32>,
+}
+
+impl Route {
+    pub(crate) fn partition(&self, source_partition: i32, key: Option<&[u8]>) -> i32 {
+        match (self.by_key, key) {
+            (None, _) => source_partition,
+            (Some(n), Some(k)) => kafka_key_partition(k, n),
+            (Some(n), None) => source_partition % n,
+        }
     }
 }
 
