@@ -15,7 +15,7 @@
 
 use std::collections::HashMap;
 use std::ffi::c_void;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{self, AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
@@ -190,6 +190,10 @@ pub(crate) struct SinkContext {
     /// waiter's check, so that none is lost.
     report_lock: Mutex<()>,
     report: Condvar,
+    /// Threads in `wait_report`: a report wakes the condvar only when there is one, since a
+    /// notify is a futex system call whether or not anyone waits (at 100 B those calls were ~5 %
+    /// of the bridge's CPU: bench/results/20261201-profile-eos-100b-1s-s6-after.txt).
+    waiters: AtomicUsize,
     /// Where each source record landed, as runs, for the offset mapping (when it is kept).
     collect_runs: AtomicBool,
     runs: Mutex<RunCollector>,
@@ -220,8 +224,13 @@ impl SinkContext {
                 Some(v.saturating_sub(bytes))
             });
         self.reported_bytes.fetch_add(bytes, Ordering::AcqRel);
-        drop(self.report_lock.lock().unwrap_or_else(|p| p.into_inner()));
-        self.report.notify_all();
+        // Pairs with the fence in `wait_report`: either the waiter's check sees this report, or
+        // this load sees the waiter (then the lock orders the notify after its wait began).
+        atomic::fence(Ordering::SeqCst);
+        if self.waiters.load(Ordering::SeqCst) > 0 {
+            drop(self.report_lock.lock().unwrap_or_else(|p| p.into_inner()));
+            self.report.notify_all();
+        }
     }
 
     fn in_flight_bytes(&self) -> u64 {
@@ -236,10 +245,12 @@ impl SinkContext {
     /// first; the caller re-checks its own condition.
     fn wait_report(&self, at_most: Duration, done: impl Fn() -> bool) {
         let guard = self.report_lock.lock().unwrap_or_else(|p| p.into_inner());
-        if done() {
-            return;
+        self.waiters.fetch_add(1, Ordering::SeqCst);
+        atomic::fence(Ordering::SeqCst);
+        if !done() {
+            let _ = self.report.wait_timeout(guard, at_most);
         }
-        let _ = self.report.wait_timeout(guard, at_most);
+        self.waiters.fetch_sub(1, Ordering::SeqCst);
     }
 
     /// Keeps the failure that says most about its cause (see `rank`), the first of equals, except
