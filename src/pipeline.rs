@@ -95,7 +95,7 @@ pub(crate) enum Command {
 
 /// How many records the read loop polls between two looks at the shutdown token and at the offset
 /// mapping's runs.
-const SHUTDOWN_CHECK_EVERY: u32 = 64;
+const CHECK_EVERY: u32 = 64;
 
 fn now_ms() -> i64 {
     SystemTime::now()
@@ -404,11 +404,9 @@ impl Lane {
             .unwrap_or_else(|| self.source(offset).into())
     }
 
-    /// Moves what the lane read into the epoch's positions and counts.
+    /// Moves what the lane read into the epoch's positions and counts (a lane is opened for a
+    /// record, so it has read at least one).
     fn close(self, positions: &mut Positions, stats: &mut EpochStats) {
-        if self.consumed == 0 {
-            return;
-        }
         positions.set(&self.topic, self.partition, self.next_offset);
         *stats.consumed.entry(self.topic).or_default() += self.consumed;
         if self.produced > 0 {
@@ -990,7 +988,7 @@ impl<'a> Pipeline<'a> {
                     break;
                 }
             }
-            unchecked = (unchecked + 1) % SHUTDOWN_CHECK_EVERY;
+            unchecked = (unchecked + 1) % CHECK_EVERY;
             if now >= barrier_at {
                 break;
             }
@@ -1037,17 +1035,11 @@ impl<'a> Pipeline<'a> {
                 if let Some(done) = lane.take() {
                     done.close(&mut read.positions, stats);
                 }
-                let topic = interned(&mut self.topic_names, msg.topic());
-                lane = Some(Lane::open(
-                    topic,
-                    msg.partition(),
-                    &mut self.router,
-                    &mut self.sink,
-                ));
             }
-            let Some(l) = lane.as_mut() else {
-                unreachable!("a lane was opened above")
-            };
+            let l = lane.get_or_insert_with(|| {
+                let topic = interned(&mut self.topic_names, msg.topic());
+                Lane::open(topic, msg.partition(), &mut self.router, &mut self.sink)
+            });
             l.next_offset = msg.offset() + 1;
             l.consumed += 1;
             let ts = msg.timestamp().to_millis();

@@ -273,25 +273,36 @@ impl SinkContext {
         self.failed.store(true, Ordering::Release);
     }
 
-    /// The source record an origin names.
-    fn source_of(&self, origin: Origin) -> SourceRef {
+    /// Calls `f` with the topic, partition and offset an origin names; None for a slot without an
+    /// entry, which cannot happen (a slot is handed out once its entry is in), but a panic here
+    /// would abort the process inside librdkafka's callback.
+    fn with_source<R>(
+        &self,
+        origin: &Origin,
+        f: impl FnOnce(&Arc<str>, i32, i64) -> R,
+    ) -> Option<R> {
         match origin {
-            Origin::Boxed(source) => *source,
+            Origin::Boxed(s) => Some(f(&s.topic, s.partition, s.offset)),
             Origin::Packed { slot, offset } => {
                 let sources = self.sources.read().unwrap_or_else(|p| p.into_inner());
-                // A slot is handed out only once its entry is in: the fallback is never taken, but
-                // a panic here would abort the process inside librdkafka's callback.
-                let (topic, partition) = sources
-                    .get(usize::from(slot))
-                    .cloned()
-                    .unwrap_or_else(|| ("<unknown>".into(), -1));
-                SourceRef {
-                    topic,
-                    partition,
-                    offset,
-                }
+                let (topic, partition) = sources.get(usize::from(*slot))?;
+                Some(f(topic, *partition, *offset))
             }
         }
+    }
+
+    /// The source record an origin names.
+    fn source_of(&self, origin: Origin) -> SourceRef {
+        self.with_source(&origin, |topic, partition, offset| SourceRef {
+            topic: topic.clone(),
+            partition,
+            offset,
+        })
+        .unwrap_or_else(|| SourceRef {
+            topic: "<unknown>".into(),
+            partition: -1,
+            offset: -1,
+        })
     }
 
     fn has_failed(&self) -> bool {
@@ -331,27 +342,19 @@ impl ProducerContext for SinkContext {
                 payload_len: msg.payload_len(),
             }),
             Ok(msg) if self.collect_runs.load(Ordering::Acquire) => {
-                let record = |topic: &Arc<str>, partition: i32, offset: i64| {
-                    self.runs.lock().unwrap_or_else(|p| p.into_inner()).record(
-                        topic,
-                        partition,
-                        offset,
-                        msg.topic(),
-                        msg.partition(),
-                        msg.offset(),
-                    )
-                };
-                match origin {
-                    Origin::Packed { slot, offset } => {
-                        let sources = self.sources.read().unwrap_or_else(|p| p.into_inner());
-                        if let Some((topic, partition)) = sources.get(usize::from(slot)) {
-                            record(topic, *partition, offset);
-                        }
-                    }
+                self.with_source(&origin, |topic, partition, offset| {
                     // The marker and the mapping records carry offset -1: they are no source record.
-                    Origin::Boxed(s) if s.offset >= 0 => record(&s.topic, s.partition, s.offset),
-                    Origin::Boxed(_) => {}
-                }
+                    if offset >= 0 {
+                        self.runs.lock().unwrap_or_else(|p| p.into_inner()).record(
+                            topic,
+                            partition,
+                            offset,
+                            msg.topic(),
+                            msg.partition(),
+                            msg.offset(),
+                        );
+                    }
+                });
             }
             Ok(_) => {}
         }
@@ -592,13 +595,18 @@ impl Sink {
     fn replace_producer(&mut self, deadline: Duration) -> Result<()> {
         let fresh = build_producer(&self.settings, self.batch_cap)?;
         // The slots handed out stay valid for the new producer.
-        let sources = self.producer.context().sources.read().map(|s| s.clone());
+        let sources = self
+            .producer
+            .context()
+            .sources
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
         *fresh
             .context()
             .sources
             .write()
-            .unwrap_or_else(|p| p.into_inner()) =
-            sources.unwrap_or_else(|p| p.into_inner().clone());
+            .unwrap_or_else(|p| p.into_inner()) = sources;
         // Dropping the old producer purges whatever it still had in flight.
         self.producer = fresh;
         let collecting = self.collecting;

@@ -144,10 +144,6 @@ pub(crate) struct Source {
     instance: u32,
     instances: u32,
     ahead: Mutex<Ahead>,
-    /// Whether `ahead` holds anything: set and cleared under its lock, read without it, so that
-    /// a poll takes the lock only after a checkpoint read ahead (the reading-ahead thread is
-    /// joined before the pipeline polls again).
-    ahead_waiting: AtomicBool,
 }
 
 /// Records read while a checkpoint completed, in the order polled, and the error that ended the
@@ -294,7 +290,6 @@ impl Source {
             instance: cfg.bridge.instance,
             instances: cfg.bridge.instances,
             ahead: Mutex::default(),
-            ahead_waiting: AtomicBool::new(false),
         })
     }
 
@@ -393,9 +388,7 @@ impl Source {
     /// Assigns exactly these partitions at these positions; also the way to rewind, since a new
     /// assignment drops whatever was prefetched.
     pub(crate) fn assign(&self, positions: &Positions) -> Result<()> {
-        let mut ahead = self.lock_ahead();
-        *ahead = Ahead::default();
-        self.ahead_waiting.store(false, Ordering::Release);
+        *self.lock_ahead() = Ahead::default();
         let mut tpl = TopicPartitionList::new();
         for (t, p, o) in positions.iter() {
             tpl.add_partition_offset(t, p, Offset::Offset(o))
@@ -408,13 +401,12 @@ impl Source {
 
     /// The next record: first those read ahead, then the consumer's.
     pub(crate) fn poll(&self, timeout: Duration) -> Option<KafkaResult<Polled<'_>>> {
-        if self.ahead_waiting.load(Ordering::Acquire) {
+        {
             let mut ahead = self.lock_ahead();
             if let Some(m) = ahead.records.pop_front() {
                 ahead.bytes -= record_bytes(&m);
                 return Some(Ok(Polled::Ahead(m)));
             }
-            self.ahead_waiting.store(false, Ordering::Release);
             if let Some(e) = ahead.error.take() {
                 return Some(Err(e));
             }
@@ -439,11 +431,9 @@ impl Source {
                     let mut ahead = self.lock_ahead();
                     ahead.bytes += record_bytes(&m);
                     ahead.records.push_back(m);
-                    self.ahead_waiting.store(true, Ordering::Release);
                 }
                 Some(Err(e)) => {
                     self.lock_ahead().error = Some(e);
-                    self.ahead_waiting.store(true, Ordering::Release);
                     return;
                 }
             }
