@@ -34,5 +34,6 @@ pub mod savepoint;
 mod secrets;
 mod sink;
 mod source;
+mod stable;
 mod status;
 mod transform;

@@ -16,7 +16,7 @@ use rdkafka::message::Message;
 use rdkafka::{Offset, TopicPartitionList};
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
-use tracing::{info, warn};
+use tracing::warn;
 
 use crate::error::{BridgeError, Result};
 use crate::identity::Identity;
@@ -158,17 +158,7 @@ pub(crate) fn marker_partition(instance: u32, partitions: i32) -> i32 {
 }
 
 /// What the marker read reports while it waits for other producers' transactions to finish.
-pub(crate) type MarkerWait<'a> = &'a mut dyn FnMut(Option<&ForeignTransactionWait>);
-
-/// A marker read held back by a transaction of another producer on the marker partition.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) struct ForeignTransactionWait {
-    pub topic: String,
-    pub partition: i32,
-    pub last_stable_offset: i64,
-    pub high_watermark: i64,
-    pub waited: Duration,
-}
+pub(crate) type MarkerWait<'a> = crate::stable::Report<'a>;
 
 fn marker_reader(s: &SinkSettings, isolation: &str) -> Result<BaseConsumer> {
     let mut cc = ClientConfig::new();
@@ -196,72 +186,33 @@ fn marker_reader(s: &SinkSettings, isolation: &str) -> Result<BaseConsumer> {
 /// Waits until the marker partition's last stable offset reaches the high watermark that the
 /// partition had when the wait began, and returns that offset.
 ///
-/// Why this proves the read complete: the caller has run init_transactions, which returns only
-/// once the coordinator has finished every earlier transaction of our transactional id, so every
-/// marker we ever committed lies below the high watermark H read now. A read_committed reader
-/// sees everything below the last stable offset, and the LSO reaches H once no transaction that
-/// has a record below H is still open. Transactions that begin later start at or above H and
-/// cannot hold the LSO below it, so the wait ends when the slowest foreign transaction open now
-/// commits or is aborted, at the latest when the coordinator times it out.
+/// Why this proves the read complete (the rule is `stable`'s): the caller has run
+/// init_transactions, which returns only once the coordinator has finished every earlier
+/// transaction of our transactional id, so every marker we ever committed lies below the high
+/// watermark read first.
 fn wait_for_stable_marker_partition(
     s: &SinkSettings,
     committed: &BaseConsumer,
     deadline: Instant,
     report: MarkerWait<'_>,
 ) -> Result<i64> {
-    let t = Duration::from_secs(10);
     let uncommitted = marker_reader(s, "read_uncommitted")?;
-    let (_, high) = uncommitted
-        .fetch_watermarks(&s.marker_topic, s.marker_partition, t)
-        .map_err(|e| BridgeError::kafka("fetch marker high watermark", e))?;
-    let began = Instant::now();
-    let mut last_log: Option<Instant> = None;
-    let mut pause = Duration::from_millis(20);
-    loop {
-        let (_, lso) = committed
-            .fetch_watermarks(&s.marker_topic, s.marker_partition, t)
-            .map_err(|e| BridgeError::kafka("fetch marker last stable offset", e))?;
-        if lso >= high {
-            if last_log.is_some() {
-                info!(
-                    topic = %s.marker_topic, partition = s.marker_partition,
-                    waited_ms = began.elapsed().as_millis() as u64,
-                    "the marker partition is stable again; reading the newest commit marker"
-                );
-            }
-            report(None);
-            return Ok(lso);
-        }
-        let wait = ForeignTransactionWait {
-            topic: s.marker_topic.clone(),
-            partition: s.marker_partition,
-            last_stable_offset: lso,
-            high_watermark: high,
-            waited: began.elapsed(),
-        };
-        if Instant::now() >= deadline {
-            return Err(BridgeError::MarkerPartitionUnstable {
-                topic: wait.topic,
-                partition: wait.partition,
-                last_stable_offset: lso,
-                high_watermark: high,
-                waited: wait.waited,
-            });
-        }
-        if last_log.is_none_or(|l| l.elapsed() >= Duration::from_secs(5)) {
-            warn!(
-                topic = %s.marker_topic, partition = s.marker_partition,
-                last_stable_offset = lso, high_watermark = high,
-                waited_ms = wait.waited.as_millis() as u64,
-                "an open transaction of another producer holds back the marker partition; \
-                 waiting for it to finish before deciding where to resume"
-            );
-            last_log = Some(Instant::now());
-        }
-        report(Some(&wait));
-        std::thread::sleep(pause.min(deadline.saturating_duration_since(Instant::now())));
-        pause = (pause * 2).min(Duration::from_millis(500));
-    }
+    crate::stable::wait_until_stable(
+        committed,
+        &uncommitted,
+        &s.marker_topic,
+        s.marker_partition,
+        "the marker partition",
+        deadline,
+        report,
+    )?
+    .map_err(|held| BridgeError::MarkerPartitionUnstable {
+        topic: held.topic,
+        partition: held.partition,
+        last_stable_offset: held.last_stable_offset,
+        high_watermark: held.high_watermark,
+        waited: held.waited,
+    })
 }
 
 /// Reads the newest committed marker of every key of this bridge on marker partitions

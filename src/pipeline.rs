@@ -57,9 +57,6 @@ use protocol::{EpochSink, Progress, Protocol};
 const DISCOVERY_INTERVAL: Duration = Duration::from_secs(10);
 /// How long init_transactions and the marker read may take before the attempt counts as failed.
 const CONNECT_DEADLINE: Duration = Duration::from_secs(60);
-/// Beyond the broker's transaction.max.timeout.ms: the coordinator's sweep for expired
-/// transactions (10 s by default) and the time to write their abort markers.
-const FOREIGN_TRANSACTION_MARGIN: Duration = Duration::from_secs(60);
 /// Every n-th record's timestamp feeds the end-to-end latency histogram.
 const LATENCY_SAMPLE: u64 = 64;
 /// How long a listed source topic may be missing (a broker that restarts can briefly not know
@@ -588,7 +585,7 @@ impl<'a> Pipeline<'a> {
             // No transaction on the sink cluster outlives the broker's maximum timeout plus the
             // coordinator's sweep for expired ones (10 s by default): past that, something hangs.
             foreign_transaction_wait =
-                Duration::from_millis(max.max(0) as u64) + FOREIGN_TRANSACTION_MARGIN;
+                Duration::from_millis(max.max(0) as u64) + crate::stable::EXPIRY_MARGIN;
         }
 
         let store = shared.store.clone();

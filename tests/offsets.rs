@@ -150,6 +150,12 @@ fn translate(config: &Path, group: &str, apply: bool) -> Output {
 }
 
 fn translate_from(config: &Path, group: &str, apply: bool, offsets: Option<&Path>) -> Output {
+    translate_command(config, group, apply, offsets)
+        .output()
+        .expect("runs")
+}
+
+fn translate_command(config: &Path, group: &str, apply: bool, offsets: Option<&Path>) -> Command {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_eos-bridge"));
     cmd.args([
         "offsets",
@@ -165,7 +171,8 @@ fn translate_from(config: &Path, group: &str, apply: bool, offsets: Option<&Path
     if let Some(f) = offsets {
         cmd.arg("--source-offsets").arg(f);
     }
-    cmd.env("EOS_BRIDGE_LOG", "warn").output().expect("runs")
+    cmd.env("EOS_BRIDGE_LOG", "warn");
+    cmd
 }
 
 /// (source partition, source offset, sink partition, sink offset) of each row translate printed.
@@ -382,6 +389,54 @@ fn a_translated_group_resumes_on_the_sink_with_nothing_again_and_nothing_skipped
     assert!(out.status.success(), "{shown}");
     assert_eq!(table(&shown), table(&shown_g2));
     assert_eq!(table(&shown).len(), PARTITIONS as usize);
+
+    // An open transaction on the mapping topic (here a foreign one; just as well the bridge's own
+    // commit not yet written to the topic) hides every mapping record behind it: the translation
+    // waits for it rather than answer "not yet bridged", and answers the same once it ends.
+    let mapping_topic = format!("__eos_bridge_offsets.{}", spec.id);
+    let foreign = transactional_producer(dst);
+    foreign.begin_transaction().expect("begin");
+    foreign
+        .send(
+            BaseRecord::<str, str>::to(&mapping_topic)
+                .partition(0)
+                .payload("not a mapping"),
+        )
+        .map_err(|(e, _)| e)
+        .expect("enqueue");
+    foreign.flush(Duration::from_secs(30)).expect("flush");
+    let waiting_log = home.dir.path().join("translate-waiting.log");
+    let mut waiting = translate_command(&gone_config, &g2, false, Some(&csv))
+        .stdout(std::fs::File::create(home.dir.path().join("translate-waiting.out")).unwrap())
+        .stderr(std::fs::File::create(&waiting_log).unwrap())
+        .spawn()
+        .expect("runs");
+    let held = wait_until(Duration::from_secs(30), || {
+        std::fs::read_to_string(&waiting_log)
+            .is_ok_and(|l| l.contains("holds back the offset mapping topic"))
+    });
+    let still_running = waiting.try_wait().unwrap().is_none();
+    foreign
+        .abort_transaction(Duration::from_secs(30))
+        .expect("abort");
+    let ended = wait_until(Duration::from_secs(30), || {
+        waiting.try_wait().unwrap().is_some()
+    });
+    let log = std::fs::read_to_string(&waiting_log).unwrap();
+    if !ended {
+        let _ = waiting.kill();
+    }
+    assert!(
+        held && still_running,
+        "translate did not wait for the open transaction:\n{log}"
+    );
+    assert!(
+        ended,
+        "translate did not end once the transaction was aborted:\n{log}"
+    );
+    assert!(waiting.wait().unwrap().success(), "{log}");
+    let after = std::fs::read_to_string(home.dir.path().join("translate-waiting.out")).unwrap();
+    assert_eq!(table(&after), table(&shown_g2), "{after}");
 
     // The bridge's monitoring group, as Kafka's tool shows it: every partition, no lag.
     let group = format!("eos-bridge.{}", spec.id);

@@ -299,8 +299,42 @@ fn read_mapping(cfg: &Config) -> Result<BTreeMap<(String, i32), (String, Partiti
     )
     .create()
     .map_err(|e| BridgeError::kafka("create mapping reader", e))?;
+    let uncommitted: BaseConsumer = client(
+        &cfg.sink.bootstrap_servers,
+        &kafka,
+        &format!("eos-bridge.{}.offsets-reader", cfg.bridge.id),
+    )
+    .set("isolation.level", "read_uncommitted")
+    .create()
+    .map_err(|e| BridgeError::kafka("create mapping reader", e))?;
     let topic = &cfg.offsets.topic;
-    let (low, lso) = consumer
+    // A checkpoint's mapping records become visible only once its commit is written to the
+    // topic, which the coordinator does after the bridge's commit has returned: read now, a
+    // checkpoint the bridge reports committed could still be missing (and a prefilled source is
+    // often all in the first one). So wait for every record written before this call to be
+    // committed or aborted, the bridge's own open transaction included: at most its
+    // transaction.timeout, plus the coordinator's sweep when the bridge died with it open.
+    let deadline = Instant::now() + cfg.transaction.timeout + crate::stable::EXPIRY_MARGIN;
+    let lso = crate::stable::wait_until_stable(
+        &consumer,
+        &uncommitted,
+        topic,
+        0,
+        "the offset mapping topic",
+        deadline,
+        &mut |_| {},
+    )?
+    .map_err(|held| {
+        BridgeError::Translate(format!(
+            "an open transaction has held back the offset mapping topic '{topic}' for {:?} (last stable \
+             offset {}, high watermark {}), longer than transaction.timeout ({:?}) allows a transaction of \
+             this bridge: another producer writes to the topic or a transaction hangs. Find it with \
+             kafka-transactions.sh find-hanging, abort it (abort --topic {topic} --partition 0 \
+             --start-offset OFFSET), then run the translation again",
+            held.waited, held.last_stable_offset, held.high_watermark, cfg.transaction.timeout
+        ))
+    })?;
+    let (low, _) = consumer
         .fetch_watermarks(topic, 0, TIMEOUT)
         .map_err(|e| BridgeError::kafka("read the offset mapping topic's offsets", e))?;
     let mut out: BTreeMap<(String, i32), (String, PartitionHistory)> = BTreeMap::new();
