@@ -8,6 +8,7 @@ use std::os::unix::process::ExitStatusExt;
 
 use std::time::{Duration, Instant};
 
+#[cfg(feature = "failpoints")]
 use common::bridge::*;
 use common::scenario::*;
 use common::*;

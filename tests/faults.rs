@@ -4,7 +4,9 @@
 
 mod common;
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
+#[cfg(feature = "failpoints")]
+use std::time::Instant;
 
 use common::bridge::*;
 use common::scenario::*;

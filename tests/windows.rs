@@ -5,6 +5,7 @@
 
 mod common;
 
+#[cfg(feature = "failpoints")]
 use std::process::Command;
 use std::time::{Duration, Instant};
 
