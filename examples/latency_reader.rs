@@ -3,7 +3,7 @@
 //! scheduled send time stamped by latency_gen (µs since the Unix epoch, little endian) records
 //! "visible now" minus "scheduled" in an HDR histogram (µs, 3 significant digits). Only records
 //! scheduled in [--from-us, --to-us) count; it stops at --until-us (wall clock) and prints
-//! one JSON line: count, p50/p90/p99/p99.9/max/mean in ms.
+//! one JSON line: count, p50/p90/p99/p99.9/max/mean in ms, and the burst spread (below).
 //!
 //! cargo run --release --example latency_reader -- --bootstrap 127.0.0.1:9092 --topic out \
 //!     --from-us … --to-us … --until-us …
@@ -52,10 +52,18 @@ fn main() {
     println!("READY {}", now_us() / 1000);
 
     let mut h = Histogram::<u64>::new_with_bounds(1, 3_600_000_000, 3).unwrap();
+    // How long after the first record of its burst each counted record reached us: a commit
+    // makes a whole checkpoint visible at once, and what this reader takes to fetch and hand
+    // out such a burst is in every latency above. A burst ends at a poll that found nothing.
+    let mut spread = Histogram::<u64>::new_with_bounds(1, 3_600_000_000, 3).unwrap();
+    let mut burst_start: Option<u64> = None;
     let (mut seen, mut counted, mut before, mut after) = (0u64, 0u64, 0u64, 0u64);
     while now_us() < a.until_us {
         let m = match consumer.poll(Duration::from_millis(50)) {
-            None => continue,
+            None => {
+                burst_start = None;
+                continue;
+            }
             Some(Err(e)) => {
                 eprintln!("latency_reader: {e}");
                 continue;
@@ -63,6 +71,7 @@ fn main() {
             Some(Ok(m)) => m,
         };
         let now = now_us();
+        let first = *burst_start.get_or_insert(now);
         seen += 1;
         let Some(v) = m.payload() else { continue };
         if v.len() < 8 {
@@ -79,10 +88,11 @@ fn main() {
         }
         counted += 1;
         h.saturating_record(now.saturating_sub(stamp).max(1));
+        spread.saturating_record(now.saturating_sub(first).max(1));
     }
     let ms = |q: f64| h.value_at_quantile(q) as f64 / 1000.0;
     println!(
-        "{{\"count\":{},\"seen\":{},\"before_window\":{},\"after_window\":{},\"p50_ms\":{:.3},\"p90_ms\":{:.3},\"p99_ms\":{:.3},\"p999_ms\":{:.3},\"max_ms\":{:.3},\"mean_ms\":{:.3}}}",
+        "{{\"count\":{},\"seen\":{},\"before_window\":{},\"after_window\":{},\"p50_ms\":{:.3},\"p90_ms\":{:.3},\"p99_ms\":{:.3},\"p999_ms\":{:.3},\"max_ms\":{:.3},\"mean_ms\":{:.3},\"burst_spread_p50_ms\":{:.3},\"burst_spread_p99_ms\":{:.3}}}",
         counted,
         seen,
         before,
@@ -92,6 +102,8 @@ fn main() {
         ms(0.99),
         ms(0.999),
         h.max() as f64 / 1000.0,
-        h.mean() / 1000.0
+        h.mean() / 1000.0,
+        spread.value_at_quantile(0.5) as f64 / 1000.0,
+        spread.value_at_quantile(0.99) as f64 / 1000.0
     );
 }
