@@ -22,6 +22,7 @@ use crate::error::{BridgeError, Result};
 use crate::identity::Identity;
 use crate::positions::Positions;
 use crate::sink::{is_client_wide, SinkSettings};
+use crate::stable::Report;
 
 /// Version of the marker format; a reader refuses versions it does not know.
 pub(crate) const MARKER_VERSION: u32 = 1;
@@ -157,9 +158,6 @@ pub(crate) fn marker_partition(instance: u32, partitions: i32) -> i32 {
     (instance % partitions.max(1) as u32) as i32
 }
 
-/// What the marker read reports while it waits for other producers' transactions to finish.
-pub(crate) type MarkerWait<'a> = crate::stable::Report<'a>;
-
 fn marker_reader(s: &SinkSettings, isolation: &str) -> Result<BaseConsumer> {
     let mut cc = ClientConfig::new();
     for (k, v) in &s.kafka {
@@ -194,7 +192,7 @@ fn wait_for_stable_marker_partition(
     s: &SinkSettings,
     committed: &BaseConsumer,
     deadline: Instant,
-    report: MarkerWait<'_>,
+    report: Report<'_>,
 ) -> Result<i64> {
     let uncommitted = marker_reader(s, "read_uncommitted")?;
     crate::stable::wait_until_stable(
@@ -229,7 +227,7 @@ pub(crate) fn read_bridge_markers(
     partitions: i32,
     committed: bool,
     timeout: Duration,
-    report: MarkerWait<'_>,
+    report: Report<'_>,
 ) -> Result<Vec<FoundMarker>> {
     let consumer = marker_reader(
         s,

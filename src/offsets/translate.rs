@@ -291,22 +291,19 @@ pub fn translate(
 
 /// Every retained mapping record of this bridge, by source partition (with its sink topic).
 fn read_mapping(cfg: &Config) -> Result<BTreeMap<(String, i32), (String, PartitionHistory)>> {
-    let kafka = props(&cfg.sink.kafka);
-    let consumer: BaseConsumer = client(
+    let mut cc = client(
         &cfg.sink.bootstrap_servers,
-        &kafka,
+        &props(&cfg.sink.kafka),
         &format!("eos-bridge.{}.offsets-reader", cfg.bridge.id),
-    )
-    .create()
-    .map_err(|e| BridgeError::kafka("create mapping reader", e))?;
-    let uncommitted: BaseConsumer = client(
-        &cfg.sink.bootstrap_servers,
-        &kafka,
-        &format!("eos-bridge.{}.offsets-reader", cfg.bridge.id),
-    )
-    .set("isolation.level", "read_uncommitted")
-    .create()
-    .map_err(|e| BridgeError::kafka("create mapping reader", e))?;
+    );
+    let consumer: BaseConsumer = cc
+        .create()
+        .map_err(|e| BridgeError::kafka("create mapping reader", e))?;
+    // Only for the high watermark the wait below starts from.
+    let uncommitted: BaseConsumer = cc
+        .set("isolation.level", "read_uncommitted")
+        .create()
+        .map_err(|e| BridgeError::kafka("create mapping reader", e))?;
     let topic = &cfg.offsets.topic;
     // A checkpoint's mapping records become visible only once its commit is written to the
     // topic, which the coordinator does after the bridge's commit has returned: read now, a
