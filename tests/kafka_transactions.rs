@@ -106,4 +106,28 @@ fn read_committed_sees_committed_and_not_aborted_records() {
         "read_uncommitted sees the aborted records too"
     );
     assert_eq!(uncommitted.len(), 12);
+
+    // The verdicts' shortcut (common::read_committed_whole) on this topic, whose last transaction
+    // committed: a read of all it holds reaches the end offsets, past the commit marker; one that
+    // stopped a record short does not, nor does a plain writer's rule (no marker may follow); and
+    // a count below what the topic holds (as a duplicate would make it) leads to a whole read.
+    let mut config = ClientConfig::new();
+    config.set("bootstrap.servers", bootstrap);
+    let ends = bridge::high_watermarks(&config, &topic);
+    assert!(read_to_the_end(&committed, &ends, Writer::Transactional));
+    assert!(!read_to_the_end(&committed, &ends, Writer::Plain));
+    let last = committed
+        .iter()
+        .max_by_key(|r| (r.partition, r.offset))
+        .unwrap();
+    let short: Vec<Seen> = committed.iter().filter(|r| *r != last).cloned().collect();
+    assert!(!read_to_the_end(&short, &ends, Writer::Transactional));
+    let cut = read_committed_whole(
+        bootstrap,
+        &topic,
+        Some(committed.len() - 1),
+        Writer::Transactional,
+        Duration::from_secs(4),
+    );
+    assert_eq!(cut.len(), committed.len(), "the count hid a record");
 }

@@ -389,6 +389,11 @@ pub fn end_offsets_total(bootstrap: &str, topic: &str) -> i64 {
 /// The sum of the topic's high watermarks, asked by a client with `config` (a broker's answer; no
 /// JVM start for a number the tests ask for before every wait and verdict).
 pub fn watermarks_total(config: &rdkafka::ClientConfig, topic: &str) -> i64 {
+    high_watermarks(config, topic).values().sum()
+}
+
+/// The topic's high watermark per partition, asked by a client with `config`.
+pub fn high_watermarks(config: &rdkafka::ClientConfig, topic: &str) -> BTreeMap<i32, i64> {
     use rdkafka::consumer::{BaseConsumer, Consumer};
     let consumer: BaseConsumer = config.create().expect("consumer");
     let timeout = Duration::from_secs(30);
@@ -400,10 +405,10 @@ pub fn watermarks_total(config: &rdkafka::ClientConfig, topic: &str) -> i64 {
     partitions
         .iter()
         .map(|p| {
-            consumer
+            let (_, high) = consumer
                 .fetch_watermarks(topic, p.id(), timeout)
-                .unwrap_or_else(|e| panic!("end offset of {topic}/{}: {e}", p.id()))
-                .1
+                .unwrap_or_else(|e| panic!("end offset of {topic}/{}: {e}", p.id()));
+            (p.id(), high)
         })
-        .sum()
+        .collect()
 }

@@ -266,6 +266,72 @@ pub fn console_consume(
     read(idle * 3)
 }
 
+/// Who wrote a topic, for what may follow its last committed record once the writer has stopped:
+/// a transactional writer's commit marker takes the offset after it, a plain writer leaves none.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Writer {
+    Transactional,
+    Plain,
+}
+
+/// Whether `records`, read from a topic whose writer has stopped, reach its end offsets `ends` in
+/// every partition: nothing but the writer's commit marker follows the last record read. A
+/// committed record that was not read needs its own offset and, transactional, a marker after it,
+/// so it always leaves more than that.
+pub fn read_to_the_end(records: &[Seen], ends: &BTreeMap<i32, i64>, writer: Writer) -> bool {
+    let may_follow = match writer {
+        Writer::Transactional => 1,
+        Writer::Plain => 0,
+    };
+    ends.iter().all(|(partition, end)| {
+        let next = records
+            .iter()
+            .filter(|r| r.partition == *partition)
+            .map(|r| r.offset + 1)
+            .max()
+            .unwrap_or(0);
+        end - next <= may_follow
+    })
+}
+
+/// All of `topic` (whose writer has stopped) as Kafka's console consumer reads it with
+/// read_committed. With `expect`, the number of records it should hold, the consumer stops as soon
+/// as it has them instead of waiting out `idle`, and the read counts as whole only when it reached
+/// the end offsets (`read_to_the_end`); otherwise it reads again until idle for `idle`, as
+/// [`console_consume`] does (fewer records than `expect`: that read has been done). Either way a
+/// duplicate or a missing record stays visible.
+pub fn read_committed_whole(
+    bootstrap: &str,
+    topic: &str,
+    expect: Option<usize>,
+    writer: Writer,
+    idle: Duration,
+) -> Vec<Seen> {
+    let Some(expect) = expect.filter(|n| *n > 0) else {
+        return console_consume(bootstrap, topic, true, idle);
+    };
+    let mut config = rdkafka::ClientConfig::new();
+    config.set("bootstrap.servers", bootstrap);
+    let ends = bridge::high_watermarks(&config, topic);
+    let mut args = console_args(topic, true, idle, &PRINT_RECORD);
+    args.extend(["--max-messages".to_string(), expect.to_string()]);
+    let out = console_command(bootstrap, &args)
+        .output()
+        .expect("scripts/kafka tool runs");
+    let records = parse_console_lines(&String::from_utf8_lossy(&out.stdout));
+    let whole = match records.len() {
+        0 => false,
+        // Ended by the idle timeout: what a read without the count gives.
+        n if n < expect => true,
+        // More may follow: a duplicate the count cut off, or records of another run.
+        _ => read_to_the_end(&records, &ends, writer),
+    };
+    if whole {
+        return records;
+    }
+    console_consume(bootstrap, topic, true, idle)
+}
+
 /// The read_committed console consumer in the background, writing to `out` until it has read
 /// `records` records or was idle for `idle` (whichever comes first).
 pub fn spawn_console_consumer(
@@ -525,27 +591,48 @@ pub fn serial() -> std::sync::MutexGuard<'static, ()> {
 
 /// The exactly-once verdict, by Kafka's own console consumer with read_committed on both sides:
 /// for every source partition, the sink partition of the same number holds exactly the source's
-/// values in the source's order (none missing, none twice, order kept). Returns the record count.
+/// values in the source's order (none missing, none twice, order kept). `sink_writer`: how the
+/// sink topic was written (the exactly-once bridge: transactional). Returns the record count.
 pub fn assert_exactly_once(
     source_bootstrap: &str,
     source_topic: &str,
     sink_bootstrap: &str,
     sink_topic: &str,
+    sink_writer: Writer,
 ) -> usize {
-    let read = |idle: u64| {
-        let (source, sink_records) = read_committed_both(
-            (source_bootstrap, source_topic),
-            (sink_bootstrap, sink_topic),
-            Duration::from_secs(idle),
+    // The first read stops once it has as many records as the source's end offsets count (a
+    // source written without transactions) and both reads reached their topics' ends.
+    let expect = usize::try_from(bridge::end_offsets_total(source_bootstrap, source_topic)).ok();
+    let (source, sink_records) = std::thread::scope(|scope| {
+        let source = scope.spawn(|| {
+            read_committed_whole(
+                source_bootstrap,
+                source_topic,
+                expect,
+                Writer::Plain,
+                Duration::from_secs(4),
+            )
+        });
+        let sink = read_committed_whole(
+            sink_bootstrap,
+            sink_topic,
+            expect,
+            sink_writer,
+            Duration::from_secs(4),
         );
-        (by_partition(&source), sink_records)
-    };
-    let (mut source, mut sink_records) = read(4);
+        (source.join().expect("the source read"), sink)
+    });
+    let (mut source, mut sink_records) = (by_partition(&source), sink_records);
     if source.is_empty() || !sequence_problems(&source, &by_partition(&sink_records)).is_empty() {
         // A read ends when the consumer has been idle for a while, and on a loaded machine that
         // can happen before it fetched every partition. The bridge has stopped, so the topics no
         // longer change: a second, more patient read cannot hide a duplicate or a loss.
-        (source, sink_records) = read(12);
+        let (s, k) = read_committed_both(
+            (source_bootstrap, source_topic),
+            (sink_bootstrap, sink_topic),
+            Duration::from_secs(12),
+        );
+        (source, sink_records) = (by_partition(&s), k);
     }
     assert_same_sequences(&source, &by_partition(&sink_records));
     sink_records.len()

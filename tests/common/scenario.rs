@@ -322,7 +322,13 @@ impl Scenario {
             // The end offsets are asked while the console consumers wait out their idle time.
             None => std::thread::scope(|scope| {
                 let total = scope.spawn(|| self.input_total());
-                let seen = assert_exactly_once(&self.source, &self.input, &self.sink, &self.output);
+                let seen = assert_exactly_once(
+                    &self.source,
+                    &self.input,
+                    &self.sink,
+                    &self.output,
+                    self.sink_writer(),
+                );
                 (total.join().expect("the end offsets"), seen as i64)
             }),
         };
@@ -330,14 +336,39 @@ impl Scenario {
         seen
     }
 
-    /// The input per partition in offset order, as the read_committed console consumer sees it.
-    pub fn input_records(&self) -> BTreeMap<i32, Vec<String>> {
-        read_committed(&self.source, &self.input)
+    /// How the bridge writes the output: in transactions when exactly-once.
+    pub fn sink_writer(&self) -> Writer {
+        if self.home.spec.delivery == "exactly-once" {
+            Writer::Transactional
+        } else {
+            Writer::Plain
+        }
     }
 
-    /// The output per partition in offset order, as the read_committed console consumer sees it.
-    pub fn output_records(&self) -> BTreeMap<i32, Vec<String>> {
-        read_committed(&self.sink, &self.output)
+    /// The input per partition in offset order, as the read_committed console consumer sees it.
+    pub fn input_records(&self) -> BTreeMap<i32, Vec<String>> {
+        let total = usize::try_from(self.input_total()).ok();
+        by_partition(&read_committed_whole(
+            &self.source,
+            &self.input,
+            total,
+            Writer::Plain,
+            READ_IDLE,
+        ))
+    }
+
+    /// The exactly-once verdict against records read before: the output holds exactly
+    /// `expected`'s values per partition, in order, as the read_committed console consumer sees it.
+    pub fn assert_output(&self, expected: &BTreeMap<i32, Vec<String>>) {
+        let total = expected.values().map(Vec::len).sum();
+        let output = read_committed_whole(
+            &self.sink,
+            &self.output,
+            Some(total),
+            self.sink_writer(),
+            READ_IDLE,
+        );
+        assert_same_sequences(expected, &by_partition(&output));
     }
 
     /// Both, read at once: for topics that no longer change (the bridge has stopped or exited).
@@ -355,7 +386,3 @@ impl Scenario {
 
 /// How long the console consumer reads on after the last record.
 const READ_IDLE: Duration = Duration::from_secs(5);
-
-fn read_committed(bootstrap: &str, topic: &str) -> BTreeMap<i32, Vec<String>> {
-    by_partition(&console_consume(bootstrap, topic, true, READ_IDLE))
-}

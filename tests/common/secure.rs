@@ -298,11 +298,18 @@ impl SecureBroker {
         records: usize,
         sink_topic: &str,
     ) -> usize {
-        // Both reads at once (the bridge has stopped, neither topic changes): the sink's read
-        // ends only after its idle time, and the source's runs meanwhile.
+        // Both reads at once (the bridge has stopped, neither topic changes). The sink's read
+        // stops at the source's count; it is the whole topic when it reached the end offsets,
+        // else (a duplicate the count cut off, a record missing) a read until idle decides.
+        let ends = bridge::high_watermarks(&self.admin_client_config(), sink_topic);
         let (source_records, sink_records) = std::thread::scope(|scope| {
             let source = scope.spawn(|| self.consume_committed(source_topic, Some(records)));
-            let sink_records = self.consume_committed(sink_topic, None);
+            let mut sink_records = self.consume_committed(sink_topic, Some(records));
+            if sink_records.len() != records
+                || !read_to_the_end(&sink_records, &ends, Writer::Transactional)
+            {
+                sink_records = self.consume_committed(sink_topic, None);
+            }
             (source.join().expect("the source read"), sink_records)
         });
         assert_eq!(source_records.len(), records, "the whole source was read");
