@@ -131,3 +131,60 @@ fn read_committed_sees_committed_and_not_aborted_records() {
     );
     assert_eq!(cut.len(), committed.len(), "the count hid a record");
 }
+
+/// The verdict's count must not hide the duplicate a replay makes: the last record of a partition
+/// written again by a later committed transaction. A read that stops at the source's count either
+/// misses a record of the other partition (the sequences differ) or stops just before the
+/// duplicate (the end offsets show more after it); both lead to a whole read, which sees it.
+#[test]
+fn the_verdict_sees_a_duplicate_behind_the_count() {
+    let b = bootstrap();
+    let (input, output) = (unique("dup-in"), unique("dup-out"));
+    create_topic(b, &input, 2);
+    create_topic(b, &output, 2);
+    let plain: ThreadedProducer<DefaultProducerContext> = ClientConfig::new()
+        .set("bootstrap.servers", b)
+        .create()
+        .expect("producer");
+    send_all(&plain, &input, "v", 10);
+    plain.flush(Duration::from_secs(30)).expect("flush");
+
+    let producer = transactional_producer(b, &unique("dup-txn"));
+    producer
+        .init_transactions(Duration::from_secs(30))
+        .expect("init_transactions");
+    producer.begin_transaction().expect("begin");
+    send_all(&producer, &output, "v", 10);
+    producer
+        .commit_transaction(Duration::from_secs(30))
+        .expect("commit");
+    // "v-9" (partition 1) again, as a replay of the last epoch would write it.
+    producer.begin_transaction().expect("begin");
+    producer
+        .send(
+            BaseRecord::to(&output)
+                .key("k9")
+                .payload("v-9")
+                .partition(1),
+        )
+        .map_err(|(e, _)| e)
+        .expect("enqueue");
+    producer
+        .commit_transaction(Duration::from_secs(30))
+        .expect("commit");
+
+    let verdict = std::panic::catch_unwind(|| {
+        assert_exactly_once(b, &input, b, &output, Writer::Transactional)
+    });
+    let message = match verdict {
+        Ok(n) => panic!("the verdict passed a sink with a duplicate ({n} records)"),
+        Err(e) => e
+            .downcast_ref::<String>()
+            .cloned()
+            .unwrap_or_else(|| "(no message)".into()),
+    };
+    assert!(
+        message.contains("partition 1") && message.contains("duplicated/foreign 1"),
+        "the verdict names the duplicate: {message}"
+    );
+}
