@@ -11,20 +11,31 @@ use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedPr
 
 use common::*;
 
+/// A transactional producer, its transactions initialised.
 fn transactional_producer(
     bootstrap: &str,
     txn_id: &str,
 ) -> ThreadedProducer<DefaultProducerContext> {
-    ClientConfig::new()
+    let producer: ThreadedProducer<DefaultProducerContext> = ClientConfig::new()
         .set("bootstrap.servers", bootstrap)
         .set("transactional.id", txn_id)
         .set("transaction.timeout.ms", "30000")
         .create()
-        .expect("producer")
+        .expect("producer");
+    producer
+        .init_transactions(Duration::from_secs(30))
+        .expect("init_transactions");
+    producer
 }
 
-fn send_all(p: &ThreadedProducer<DefaultProducerContext>, topic: &str, prefix: &str, n: usize) {
-    for i in 0..n {
+/// Records `i` of `numbers`: key "k{i}", value "{prefix}-{i}", partition i mod 2.
+fn send_all(
+    p: &ThreadedProducer<DefaultProducerContext>,
+    topic: &str,
+    prefix: &str,
+    numbers: std::ops::Range<usize>,
+) {
+    for i in numbers {
         let key = format!("k{i}");
         let value = format!("{prefix}-{i}");
         p.send(
@@ -38,6 +49,19 @@ fn send_all(p: &ThreadedProducer<DefaultProducerContext>, topic: &str, prefix: &
     }
 }
 
+/// The records of `send_all` in one committed transaction.
+fn commit_all(
+    p: &ThreadedProducer<DefaultProducerContext>,
+    topic: &str,
+    prefix: &str,
+    numbers: std::ops::Range<usize>,
+) {
+    p.begin_transaction().expect("begin");
+    send_all(p, topic, prefix, numbers);
+    p.commit_transaction(Duration::from_secs(30))
+        .expect("commit");
+}
+
 #[test]
 fn read_committed_sees_committed_and_not_aborted_records() {
     let bootstrap = bootstrap();
@@ -45,18 +69,10 @@ fn read_committed_sees_committed_and_not_aborted_records() {
     create_topic(bootstrap, &topic, 2);
 
     let producer = transactional_producer(bootstrap, &unique("txn-id"));
-    producer
-        .init_transactions(Duration::from_secs(30))
-        .expect("init_transactions");
+    commit_all(&producer, &topic, "committed", 0..6);
 
     producer.begin_transaction().expect("begin");
-    send_all(&producer, &topic, "committed", 6);
-    producer
-        .commit_transaction(Duration::from_secs(30))
-        .expect("commit");
-
-    producer.begin_transaction().expect("begin");
-    send_all(&producer, &topic, "aborted", 4);
+    send_all(&producer, &topic, "aborted", 0..4);
     producer.flush(Duration::from_secs(30)).expect("flush");
     producer
         .abort_transaction(Duration::from_secs(30))
@@ -64,11 +80,7 @@ fn read_committed_sees_committed_and_not_aborted_records() {
 
     // A third transaction, committed after the aborted one, so that the aborted records sit
     // between committed ones in the log and the reader has to skip them, not just stop early.
-    producer.begin_transaction().expect("begin");
-    send_all(&producer, &topic, "late", 2);
-    producer
-        .commit_transaction(Duration::from_secs(30))
-        .expect("commit");
+    commit_all(&producer, &topic, "late", 0..2);
 
     // Both isolation levels read at once: the topic no longer changes.
     let (committed, uncommitted) = std::thread::scope(|scope| {
@@ -111,9 +123,7 @@ fn read_committed_sees_committed_and_not_aborted_records() {
     // committed: a read of all it holds reaches the end offsets, past the commit marker; one that
     // stopped a record short does not, nor does a plain writer's rule (no marker may follow); and
     // a count below what the topic holds (as a duplicate would make it) leads to a whole read.
-    let mut config = ClientConfig::new();
-    config.set("bootstrap.servers", bootstrap);
-    let ends = bridge::high_watermarks(&config, &topic);
+    let ends = bridge::end_offsets(bootstrap, &topic);
     assert!(read_to_the_end(&committed, &ends, Writer::Transactional));
     assert!(!read_to_the_end(&committed, &ends, Writer::Plain));
     let last = committed
@@ -146,32 +156,13 @@ fn the_verdict_sees_a_duplicate_behind_the_count() {
         .set("bootstrap.servers", b)
         .create()
         .expect("producer");
-    send_all(&plain, &input, "v", 10);
+    send_all(&plain, &input, "v", 0..10);
     plain.flush(Duration::from_secs(30)).expect("flush");
 
     let producer = transactional_producer(b, &unique("dup-txn"));
-    producer
-        .init_transactions(Duration::from_secs(30))
-        .expect("init_transactions");
-    producer.begin_transaction().expect("begin");
-    send_all(&producer, &output, "v", 10);
-    producer
-        .commit_transaction(Duration::from_secs(30))
-        .expect("commit");
+    commit_all(&producer, &output, "v", 0..10);
     // "v-9" (partition 1) again, as a replay of the last epoch would write it.
-    producer.begin_transaction().expect("begin");
-    producer
-        .send(
-            BaseRecord::to(&output)
-                .key("k9")
-                .payload("v-9")
-                .partition(1),
-        )
-        .map_err(|(e, _)| e)
-        .expect("enqueue");
-    producer
-        .commit_transaction(Duration::from_secs(30))
-        .expect("commit");
+    commit_all(&producer, &output, "v", 9..10);
 
     let verdict = std::panic::catch_unwind(|| {
         assert_exactly_once(b, &input, b, &output, Writer::Transactional)

@@ -381,9 +381,14 @@ pub fn tail(text: &str, lines: usize) -> String {
 /// The sum of the source topic's end offsets: for a topic written without transactions, the
 /// number of records, and where every position ends once everything is bridged.
 pub fn end_offsets_total(bootstrap: &str, topic: &str) -> i64 {
+    end_offsets(bootstrap, topic).values().sum()
+}
+
+/// The topic's high watermark per partition, on the plaintext cluster at `bootstrap`.
+pub fn end_offsets(bootstrap: &str, topic: &str) -> BTreeMap<i32, i64> {
     let mut config = rdkafka::ClientConfig::new();
     config.set("bootstrap.servers", bootstrap);
-    watermarks_total(&config, topic)
+    high_watermarks(&config, topic)
 }
 
 /// The sum of the topic's high watermarks, asked by a client with `config` (a broker's answer; no

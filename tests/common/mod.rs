@@ -310,9 +310,7 @@ pub fn read_committed_whole(
     let Some(expect) = expect.filter(|n| *n > 0) else {
         return console_consume(bootstrap, topic, true, idle);
     };
-    let mut config = rdkafka::ClientConfig::new();
-    config.set("bootstrap.servers", bootstrap);
-    let ends = bridge::high_watermarks(&config, topic);
+    let ends = bridge::end_offsets(bootstrap, topic);
     let mut args = console_args(topic, true, idle, &PRINT_RECORD);
     args.extend(["--max-messages".to_string(), expect.to_string()]);
     let out = console_command(bootstrap, &args)

@@ -313,25 +313,17 @@ impl Scenario {
     /// Exactly once, by Kafka's console consumer with read_committed on both sides, and as many
     /// records as the input's end offsets say. Returns the record count.
     pub fn judge(&self) -> i64 {
-        let (total, seen) = match self.secured {
-            Some(broker) => {
-                let total = self.input_total();
-                let seen = broker.assert_exactly_once(&self.input, total as usize, &self.output);
-                (total, seen as i64)
-            }
-            // The end offsets are asked while the console consumers wait out their idle time.
-            None => std::thread::scope(|scope| {
-                let total = scope.spawn(|| self.input_total());
-                let seen = assert_exactly_once(
-                    &self.source,
-                    &self.input,
-                    &self.sink,
-                    &self.output,
-                    self.sink_writer(),
-                );
-                (total.join().expect("the end offsets"), seen as i64)
-            }),
-        };
+        let total = self.input_total();
+        let seen = match self.secured {
+            Some(broker) => broker.assert_exactly_once(&self.input, total as usize, &self.output),
+            None => assert_exactly_once(
+                &self.source,
+                &self.input,
+                &self.sink,
+                &self.output,
+                self.sink_writer(),
+            ),
+        } as i64;
         assert_eq!(seen, total, "the sink holds as many records as the input");
         seen
     }
