@@ -1,0 +1,274 @@
+//! Benchmark probe C4: the floor of a copier that commits one Kafka transaction per checkpoint.
+//!
+//! It does only what such a copier cannot skip: begin a transaction, send what it reads, wait at
+//! the barrier until every record is acknowledged, commit. No positions, no marker, no state store,
+//! no checks: **not exactly-once by itself**, and not a product. Its rate, checkpoint time and
+//! latency on a broker bound what any design with the same transaction pattern reaches there, the
+//! bridge's included, which is what issue 11's targets need to be judged against.
+//!
+//! `--producers 2` measures the one structural lever the bridge does not have: two transactional
+//! producers taking turns, so that while one commits epoch N the other already sends N+1. Sending
+//! N+1 starts only once N's records are all acknowledged (every partition keeps its order), and
+//! N+1 commits only after N did.
+//!
+//! The source consumer and the producers use the bridge's defaults (src/source.rs, src/sink.rs),
+//! not raw_copy's, so that the difference to C2 is the protocol alone.
+//!
+//! Output on stdout (read by bench/run), like raw_copy's but counting *committed* records:
+//!   READY <epoch ms>
+//!   P <epoch ms> <committed records>   after every commit
+//!   DONE <epoch ms> <committed records> with --until-end
+//! On stderr: `C <total ms> <flush ms> <commit ms>` per checkpoint (barrier to commit, the wait for
+//! the acks, commit_transaction), and with --until-end their p50/p99 at the end.
+//!
+//! cargo run --release --example txn_copy -- --bootstrap 127.0.0.1:9092 --input in --output out \
+//!     --interval-ms 100 --producers 2 --until-end
+
+mod common;
+
+use std::collections::HashMap;
+use std::io::Write;
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use clap::Parser;
+use rdkafka::config::ClientConfig;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::message::Message;
+use rdkafka::producer::{BaseRecord, Producer, ThreadedProducer};
+use rdkafka::{Offset, TopicPartitionList};
+
+use common::{now_ms, partitions, send_waiting, wait_acked, Deliveries};
+
+#[derive(Parser)]
+struct Args {
+    #[arg(long)]
+    bootstrap: String,
+    #[arg(long)]
+    input: String,
+    #[arg(long)]
+    output: String,
+    /// Checkpoint interval: a barrier every this many ms.
+    #[arg(long, default_value_t = 1000)]
+    interval_ms: u64,
+    /// 1: one transactional producer; 2: two, taking turns by epoch.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u8).range(1..=2))]
+    producers: u8,
+    /// Prefix of the producers' transactional ids (made unique per run by the caller).
+    #[arg(long, default_value = "bench-txn-copy")]
+    transactional_id: String,
+    /// Stop once every record present at start is committed.
+    #[arg(long)]
+    until_end: bool,
+}
+
+type Txp = Arc<ThreadedProducer<Deliveries>>;
+
+const TXN_TIMEOUT: Duration = Duration::from_secs(30);
+
+fn producer(a: &Args, n: usize) -> Txp {
+    // The bridge's sink defaults (src/sink.rs build_producer).
+    let p: ThreadedProducer<Deliveries> = ClientConfig::new()
+        .set("bootstrap.servers", &a.bootstrap)
+        .set("linger.ms", "1")
+        .set("compression.type", "lz4")
+        .set("queue.buffering.max.messages", "10000")
+        .set("batch.size", "1000000")
+        .set("enable.idempotence", "true")
+        .set("transactional.id", format!("{}-{n}", a.transactional_id))
+        .set("transaction.timeout.ms", "60000")
+        .create_with_context(Deliveries::default())
+        .expect("producer");
+    p.init_transactions(TXN_TIMEOUT).expect("init_transactions");
+    Arc::new(p)
+}
+
+fn consumer(a: &Args) -> BaseConsumer {
+    // The bridge's source defaults (src/source.rs Source::new).
+    ClientConfig::new()
+        .set("bootstrap.servers", &a.bootstrap)
+        .set("group.id", format!("{}-group", a.transactional_id))
+        .set("enable.auto.commit", "false")
+        .set("enable.auto.offset.store", "false")
+        .set("isolation.level", "read_committed")
+        .set("auto.offset.reset", "earliest")
+        .set("queued.max.messages.kbytes", "4096")
+        .set("queued.min.messages", "20000")
+        .set("fetch.queue.backoff.ms", "10")
+        .set("fetch.max.bytes", "2097152")
+        .create()
+        .expect("consumer")
+}
+
+/// Durations of the checkpoints, in ms: (barrier to commit, flush, commit).
+#[derive(Default)]
+struct Timings(Vec<(f64, f64, f64)>);
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
+
+fn pct(mut v: Vec<f64>, p: f64) -> f64 {
+    if v.is_empty() {
+        return 0.0;
+    }
+    v.sort_by(f64::total_cmp);
+    v[((v.len() as f64 * p) as usize).min(v.len() - 1)]
+}
+
+/// Commits `p`'s open transaction; the checkpoint it closes was cut at `barrier` and flushed in
+/// `flush`. Returns the records it made visible.
+fn commit(p: &Txp, barrier: Instant, flush: Duration, records: u64, t: &Mutex<Timings>) -> u64 {
+    let began = Instant::now();
+    p.commit_transaction(TXN_TIMEOUT)
+        .expect("commit_transaction");
+    let row = (ms(barrier.elapsed()), ms(flush), ms(began.elapsed()));
+    // One line per checkpoint: a latency run ends by SIGTERM, before the summary.
+    eprintln!("C {:.2} {:.2} {:.2}", row.0, row.1, row.2);
+    t.lock().unwrap().0.push(row);
+    records
+}
+
+fn main() {
+    let a = Args::parse();
+    let consumer = consumer(&a);
+    let producers: Vec<Txp> = (0..a.producers as usize).map(|n| producer(&a, n)).collect();
+    let parts = partitions(consumer.client(), &a.input);
+    assert!(
+        !parts.is_empty(),
+        "input topic {} has no partitions",
+        a.input
+    );
+    let mut tpl = TopicPartitionList::new();
+    let mut target: HashMap<i32, i64> = HashMap::new();
+    for &p in &parts {
+        tpl.add_partition_offset(&a.input, p, Offset::Beginning)
+            .unwrap();
+        let (_, hi) = consumer
+            .fetch_watermarks(&a.input, p, Duration::from_secs(10))
+            .expect("watermarks");
+        target.insert(p, hi);
+    }
+    consumer.assign(&tpl).expect("assign");
+    let total: u64 = target.values().map(|&h| h as u64).sum();
+
+    let timings = Arc::new(Mutex::new(Timings::default()));
+    let interval = Duration::from_millis(a.interval_ms);
+    let out = std::io::stdout();
+    println!("READY {}", now_ms());
+    out.lock().flush().ok();
+
+    let mut cur = 0;
+    producers[cur]
+        .begin_transaction()
+        .expect("begin_transaction");
+    let mut committed: u64 = 0;
+    let mut in_epoch: u64 = 0;
+    let mut copied: u64 = 0;
+    // With two producers: the commit of the previous epoch, running while this one sends.
+    let mut committing: Option<JoinHandle<u64>> = None;
+    let mut last_barrier = Instant::now();
+    let mut epoch_began = last_barrier;
+    loop {
+        let done = a.until_end && copied >= total;
+        // The bridge's barrier rule: every interval, but never sooner than a quarter of it after
+        // the epoch began.
+        let barrier_at = (last_barrier + interval).max(epoch_began + interval / 4);
+        let now = Instant::now();
+        if done || now >= barrier_at {
+            let barrier = now;
+            wait_acked(&*producers[cur]);
+            let flush = barrier.elapsed();
+            if let Some(h) = committing.take() {
+                committed += h.join().expect("commit thread");
+                println!("P {} {}", now_ms(), committed);
+            }
+            if producers.len() == 1 {
+                committed += commit(&producers[cur], barrier, flush, in_epoch, &timings);
+                println!("P {} {}", now_ms(), committed);
+            } else {
+                let (p, t, n) = (producers[cur].clone(), timings.clone(), in_epoch);
+                committing = Some(std::thread::spawn(move || {
+                    commit(&p, barrier, flush, n, &t)
+                }));
+                cur = 1 - cur;
+            }
+            out.lock().flush().ok();
+            in_epoch = 0;
+            last_barrier = barrier;
+            if done {
+                if let Some(h) = committing.take() {
+                    committed += h.join().expect("commit thread");
+                }
+                println!("P {} {}", now_ms(), committed);
+                println!("DONE {} {}", now_ms(), committed);
+                break;
+            }
+            producers[cur]
+                .begin_transaction()
+                .expect("begin_transaction");
+            epoch_began = Instant::now();
+            continue;
+        }
+        let msg = match consumer.poll(barrier_at.saturating_duration_since(now)) {
+            None => continue,
+            Some(Err(e)) => {
+                eprintln!("txn_copy: consumer error: {e}");
+                continue;
+            }
+            Some(Ok(m)) => m,
+        };
+        let p = msg.partition();
+        let mut rec: BaseRecord<'_, [u8], [u8], ()> = BaseRecord::to(&a.output).partition(p);
+        if let Some(k) = msg.key() {
+            rec = rec.key(k);
+        }
+        if let Some(v) = msg.payload() {
+            rec = rec.payload(v);
+        }
+        if let Some(ts) = msg.timestamp().to_millis() {
+            rec = rec.timestamp(ts);
+        }
+        send_waiting(&*producers[cur], rec, Duration::from_millis(1));
+        in_epoch += 1;
+        if msg.offset() < target[&p] {
+            copied += 1;
+        }
+    }
+    let t = std::mem::take(&mut timings.lock().unwrap().0);
+    let col = |i: usize| -> Vec<f64> {
+        t.iter()
+            .map(|r| match i {
+                0 => r.0,
+                1 => r.1,
+                _ => r.2,
+            })
+            .collect()
+    };
+    eprintln!(
+        "txn_copy: producers={} interval_ms={} checkpoints={} total_ms p50={:.1} p99={:.1} \
+         flush_ms p50={:.1} p99={:.1} commit_ms p50={:.1} p99={:.1}",
+        a.producers,
+        a.interval_ms,
+        t.len(),
+        pct(col(0), 0.5),
+        pct(col(0), 0.99),
+        pct(col(1), 0.5),
+        pct(col(1), 0.99),
+        pct(col(2), 0.5),
+        pct(col(2), 0.99),
+    );
+    let failed = producers
+        .iter()
+        .map(|p| {
+            p.context()
+                .failed
+                .load(std::sync::atomic::Ordering::Relaxed)
+        })
+        .sum::<u64>();
+    if failed > 0 {
+        eprintln!("txn_copy: {failed} deliveries failed");
+        std::process::exit(1);
+    }
+}
