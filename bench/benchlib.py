@@ -332,7 +332,9 @@ def http_text(url, timeout=1.0):
 
 class Bridge:
     def __init__(self, workdir, *, bootstrap, topic_in, topic_out, interval, delivery, bridge_id=None,
-                 state_dir=None):
+                 state_dir=None, binary=None):
+        """binary: another eos-bridge build (bench/run's c2x_ phases: an A/B in one run)."""
+        self.binary = binary or BRIDGE_BIN
         self.port = free_port()
         self.id = bridge_id or f"bench-{rand_suffix()}"
         self.state_dir = state_dir or tempfile.mkdtemp(prefix="state-", dir=workdir)
@@ -347,7 +349,7 @@ class Bridge:
         """wrap: a command the bridge runs under (a profiler that becomes the bridge's process)."""
         env = dict(os.environ)
         env.setdefault("RUST_LOG", "warn")
-        self.proc = Proc([*wrap, BRIDGE_BIN, "run", "--config", self.config], self.log, env=env)
+        self.proc = Proc([*wrap, self.binary, "run", "--config", self.config], self.log, env=env)
         return self
 
     @property

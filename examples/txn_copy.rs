@@ -14,6 +14,11 @@
 //! The source consumer and the producers use the bridge's defaults (src/source.rs, src/sink.rs),
 //! not raw_copy's, so that the difference to C2 is the protocol alone.
 //!
+//! `--side-records` adds the bridge's two per-checkpoint records to the floor, to measure what they
+//! cost: at the barrier one record to partition 0 of `<output>.side` (as the commit marker goes to
+//! its marker partition), and after the flush one to partition 1, waited for before the commit (as
+//! the offset mapping is). Both partitions join each transaction only then, as the bridge's do.
+//!
 //! Output on stdout (read by bench/run), like raw_copy's but counting *committed* records:
 //!   READY <epoch ms>
 //!   P <epoch ms> <committed records>   after every commit
@@ -61,6 +66,10 @@ struct Args {
     /// Stop once every record present at start is committed.
     #[arg(long)]
     until_end: bool,
+    /// Per checkpoint, a record to a partition of `<output>.side` at the barrier and another after
+    /// the flush (the bridge's marker and offset mapping); creates that topic.
+    #[arg(long)]
+    side_records: bool,
 }
 
 type Txp = Arc<ThreadedProducer<Deliveries>>;
@@ -130,8 +139,38 @@ fn commit(p: &Txp, barrier: Instant, flush: Duration, records: u64, t: &Mutex<Ti
     records
 }
 
+/// Creates `topic` with two partitions (the side records' marker and mapping partitions).
+fn create_side_topic(bootstrap: &str, topic: &str) {
+    use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+    use rdkafka::client::DefaultClientContext;
+    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .create()
+        .expect("admin");
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let opts = AdminOptions::new().operation_timeout(Some(Duration::from_secs(30)));
+    let res = rt
+        .block_on(admin.create_topics(
+            &[NewTopic::new(topic, 2, TopicReplication::Fixed(1))],
+            &opts,
+        ))
+        .expect("create side topic");
+    for r in res {
+        if let Err((t, e)) = r {
+            panic!("create {t}: {e}");
+        }
+    }
+}
+
 fn main() {
     let a = Args::parse();
+    let side = a.side_records.then(|| format!("{}.side", a.output));
+    if let Some(t) = &side {
+        create_side_topic(&a.bootstrap, t);
+    }
     let consumer = consumer(&a);
     let producers: Vec<Txp> = (0..a.producers as usize).map(|n| producer(&a, n)).collect();
     let parts = partitions(consumer.client(), &a.input);
@@ -178,8 +217,19 @@ fn main() {
         let now = Instant::now();
         if done || now >= barrier_at {
             let barrier = now;
+            if let Some(t) = &side {
+                let rec: BaseRecord<'_, [u8], [u8], ()> =
+                    BaseRecord::to(t).partition(0).payload(&b"marker"[..]);
+                send_waiting(&*producers[cur], rec, Duration::from_millis(1));
+            }
             wait_acked(&*producers[cur]);
             let flush = barrier.elapsed();
+            if let Some(t) = &side {
+                let rec: BaseRecord<'_, [u8], [u8], ()> =
+                    BaseRecord::to(t).partition(1).payload(&b"mapping"[..]);
+                send_waiting(&*producers[cur], rec, Duration::from_millis(1));
+                wait_acked(&*producers[cur]);
+            }
             if let Some(h) = committing.take() {
                 committed += h.join().expect("commit thread");
                 println!("P {} {}", now_ms(), committed);
