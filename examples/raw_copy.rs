@@ -25,22 +25,18 @@ use std::time::{Duration, Instant};
 use clap::Parser;
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
 use rdkafka::message::Message;
-use rdkafka::producer::{BaseRecord, Producer, ThreadedProducer};
+use rdkafka::producer::{Producer, ThreadedProducer};
 use rdkafka::{Offset, TopicPartitionList};
 
 use common::{
-    bridge_producer, now_ms, partitions, read_committed_consumer, send_waiting, wait_acked,
-    Deliveries,
+    assign_all_from_start, bridge_producer, copy_of, now_ms, read_committed_consumer, send_waiting,
+    wait_acked, CopyTopics, Deliveries,
 };
 
 #[derive(Parser)]
 struct Args {
-    #[arg(long)]
-    bootstrap: String,
-    #[arg(long)]
-    input: String,
-    #[arg(long)]
-    output: String,
+    #[command(flatten)]
+    copy: CopyTopics,
     #[arg(long, default_value = "bench-raw-copy")]
     group: String,
     /// Flush the producer and commit positions this often.
@@ -55,36 +51,23 @@ struct Args {
 
 fn main() {
     let a = Args::parse();
-    let consumer: BaseConsumer = read_committed_consumer(&a.bootstrap, &a.group)
+    let consumer: BaseConsumer = read_committed_consumer(&a.copy.bootstrap, &a.group)
         .set("enable.auto.offset.store", "false")
         .create()
         .expect("consumer");
-    let producer: ThreadedProducer<Deliveries> = bridge_producer(&a.bootstrap)
+    let producer: ThreadedProducer<Deliveries> = bridge_producer(&a.copy.bootstrap)
         .create_with_context(Deliveries::default())
         .expect("producer");
     let ctx: Arc<Deliveries> = producer.context().clone();
 
-    let parts = partitions(consumer.client(), &a.input);
-    assert!(
-        !parts.is_empty(),
-        "input topic {} has no partitions",
-        a.input
-    );
-    let mut tpl = TopicPartitionList::new();
-    let mut target: HashMap<i32, i64> = HashMap::new();
-    for &p in &parts {
-        tpl.add_partition_offset(&a.input, p, Offset::Beginning)
-            .unwrap();
-        if a.until_end {
-            let (_, hi) = consumer
-                .fetch_watermarks(&a.input, p, Duration::from_secs(10))
-                .expect("watermarks");
-            target.insert(p, hi);
-        }
-    }
-    consumer.assign(&tpl).expect("assign");
+    let ends = assign_all_from_start(&consumer, &a.copy.input);
+    let target: HashMap<i32, i64> = if a.until_end {
+        ends.clone()
+    } else {
+        HashMap::new()
+    };
     let total: i64 = target.values().sum();
-    let mut next: HashMap<i32, i64> = parts.iter().map(|&p| (p, 0)).collect();
+    let mut next: HashMap<i32, i64> = ends.keys().map(|&p| (p, 0)).collect();
     let mut copied: i64 = 0;
 
     let out = std::io::stdout();
@@ -99,7 +82,7 @@ fn main() {
         let mut t = TopicPartitionList::new();
         for (&p, &o) in next {
             if o > 0 {
-                t.add_partition_offset(&a.input, p, Offset::Offset(o))
+                t.add_partition_offset(&a.copy.input, p, Offset::Offset(o))
                     .unwrap();
             }
         }
@@ -142,18 +125,9 @@ fn main() {
         };
         let p = msg.partition();
         let headers = msg.headers().map(|h| h.detach());
-        let mut rec: BaseRecord<'_, [u8], [u8], ()> = BaseRecord::to(&a.output).partition(p);
-        if let Some(k) = msg.key() {
-            rec = rec.key(k);
-        }
-        if let Some(v) = msg.payload() {
-            rec = rec.payload(v);
-        }
+        let mut rec = copy_of(&msg, &a.copy.output);
         if let Some(h) = headers {
             rec = rec.headers(h);
-        }
-        if let Some(ts) = msg.timestamp().to_millis() {
-            rec = rec.timestamp(ts);
         }
         send_waiting(&producer, rec, Duration::from_millis(1));
         next.insert(p, msg.offset() + 1);

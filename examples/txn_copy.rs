@@ -31,7 +31,6 @@
 
 mod common;
 
-use std::collections::HashMap;
 use std::io::Write;
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
@@ -39,21 +38,18 @@ use std::time::{Duration, Instant};
 
 use clap::Parser;
 use rdkafka::config::ClientConfig;
-use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::consumer::BaseConsumer;
 use rdkafka::message::Message;
 use rdkafka::producer::{BaseRecord, Producer, ThreadedProducer};
-use rdkafka::{Offset, TopicPartitionList};
 
-use common::{now_ms, partitions, send_waiting, wait_acked, Deliveries};
+use common::{
+    assign_all_from_start, copy_of, now_ms, send_waiting, wait_acked, CopyTopics, Deliveries,
+};
 
 #[derive(Parser)]
 struct Args {
-    #[arg(long)]
-    bootstrap: String,
-    #[arg(long)]
-    input: String,
-    #[arg(long)]
-    output: String,
+    #[command(flatten)]
+    copy: CopyTopics,
     /// Checkpoint interval: a barrier every this many ms.
     #[arg(long, default_value_t = 1000)]
     interval_ms: u64,
@@ -79,7 +75,7 @@ const TXN_TIMEOUT: Duration = Duration::from_secs(30);
 fn producer(a: &Args, n: usize) -> Txp {
     // The bridge's sink defaults (src/sink.rs build_producer).
     let p: ThreadedProducer<Deliveries> = ClientConfig::new()
-        .set("bootstrap.servers", &a.bootstrap)
+        .set("bootstrap.servers", &a.copy.bootstrap)
         .set("linger.ms", "1")
         .set("compression.type", "lz4")
         .set("queue.buffering.max.messages", "10000")
@@ -96,7 +92,7 @@ fn producer(a: &Args, n: usize) -> Txp {
 fn consumer(a: &Args) -> BaseConsumer {
     // The bridge's source defaults (src/source.rs Source::new).
     ClientConfig::new()
-        .set("bootstrap.servers", &a.bootstrap)
+        .set("bootstrap.servers", &a.copy.bootstrap)
         .set("group.id", format!("{}-group", a.transactional_id))
         .set("enable.auto.commit", "false")
         .set("enable.auto.offset.store", "false")
@@ -167,29 +163,13 @@ fn create_side_topic(bootstrap: &str, topic: &str) {
 
 fn main() {
     let a = Args::parse();
-    let side = a.side_records.then(|| format!("{}.side", a.output));
+    let side = a.side_records.then(|| format!("{}.side", a.copy.output));
     if let Some(t) = &side {
-        create_side_topic(&a.bootstrap, t);
+        create_side_topic(&a.copy.bootstrap, t);
     }
     let consumer = consumer(&a);
     let producers: Vec<Txp> = (0..a.producers as usize).map(|n| producer(&a, n)).collect();
-    let parts = partitions(consumer.client(), &a.input);
-    assert!(
-        !parts.is_empty(),
-        "input topic {} has no partitions",
-        a.input
-    );
-    let mut tpl = TopicPartitionList::new();
-    let mut target: HashMap<i32, i64> = HashMap::new();
-    for &p in &parts {
-        tpl.add_partition_offset(&a.input, p, Offset::Beginning)
-            .unwrap();
-        let (_, hi) = consumer
-            .fetch_watermarks(&a.input, p, Duration::from_secs(10))
-            .expect("watermarks");
-        target.insert(p, hi);
-    }
-    consumer.assign(&tpl).expect("assign");
+    let target = assign_all_from_start(&consumer, &a.copy.input);
     let total: u64 = target.values().map(|&h| h as u64).sum();
 
     let timings = Arc::new(Mutex::new(Timings::default()));
@@ -270,16 +250,7 @@ fn main() {
             Some(Ok(m)) => m,
         };
         let p = msg.partition();
-        let mut rec: BaseRecord<'_, [u8], [u8], ()> = BaseRecord::to(&a.output).partition(p);
-        if let Some(k) = msg.key() {
-            rec = rec.key(k);
-        }
-        if let Some(v) = msg.payload() {
-            rec = rec.payload(v);
-        }
-        if let Some(ts) = msg.timestamp().to_millis() {
-            rec = rec.timestamp(ts);
-        }
+        let rec = copy_of(&msg, &a.copy.output);
         send_waiting(&*producers[cur], rec, Duration::from_millis(1));
         in_epoch += 1;
         if msg.offset() < target[&p] {

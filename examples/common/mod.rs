@@ -6,15 +6,17 @@
 //! Included by each example with `mod common;`; an example uses only part of it.
 #![allow(dead_code)]
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use rdkafka::client::Client;
 use rdkafka::config::ClientConfig;
+use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
-use rdkafka::message::ToBytes;
+use rdkafka::message::{BorrowedMessage, Message, ToBytes};
 use rdkafka::producer::{BaseRecord, DeliveryResult, Producer, ProducerContext, ThreadedProducer};
-use rdkafka::ClientContext;
+use rdkafka::{ClientContext, Offset, TopicPartitionList};
 
 // The cluster and topic most examples take (a plain comment: clap would print a doc comment as the
 // about text of every example that flattens this).
@@ -24,6 +26,17 @@ pub struct Target {
     pub bootstrap: String,
     #[arg(long)]
     pub topic: String,
+}
+
+// The two topics a copier takes.
+#[derive(clap::Args)]
+pub struct CopyTopics {
+    #[arg(long)]
+    pub bootstrap: String,
+    #[arg(long)]
+    pub input: String,
+    #[arg(long)]
+    pub output: String,
 }
 
 fn since_epoch() -> Duration {
@@ -68,6 +81,44 @@ pub fn partitions<C: ClientContext>(client: &Client<C>, topic: &str) -> Vec<i32>
         .fetch_metadata(Some(topic), Duration::from_secs(10))
         .expect("metadata");
     md.topics()[0].partitions().iter().map(|p| p.id()).collect()
+}
+
+/// Assigns every partition of `topic` to `consumer` from its beginning; returns each partition's
+/// high watermark, the end of "every record present at start".
+pub fn assign_all_from_start<C: ConsumerContext>(
+    consumer: &BaseConsumer<C>,
+    topic: &str,
+) -> HashMap<i32, i64> {
+    let parts = partitions(consumer.client(), topic);
+    assert!(!parts.is_empty(), "input topic {topic} has no partitions");
+    let mut tpl = TopicPartitionList::new();
+    let mut ends = HashMap::new();
+    for &p in &parts {
+        tpl.add_partition_offset(topic, p, Offset::Beginning)
+            .unwrap();
+        let (_, hi) = consumer
+            .fetch_watermarks(topic, p, Duration::from_secs(10))
+            .expect("watermarks");
+        ends.insert(p, hi);
+    }
+    consumer.assign(&tpl).expect("assign");
+    ends
+}
+
+/// The copy of `msg` for the same partition of `topic`: key, payload and timestamp (headers are
+/// the caller's: they must be detached first).
+pub fn copy_of<'a>(msg: &'a BorrowedMessage<'_>, topic: &'a str) -> BaseRecord<'a, [u8], [u8], ()> {
+    let mut rec = BaseRecord::to(topic).partition(msg.partition());
+    if let Some(k) = msg.key() {
+        rec = rec.key(k);
+    }
+    if let Some(v) = msg.payload() {
+        rec = rec.payload(v);
+    }
+    if let Some(ts) = msg.timestamp().to_millis() {
+        rec = rec.timestamp(ts);
+    }
+    rec
 }
 
 /// Hands `rec` to the producer, sleeping `backoff` whenever its local queue is full.
