@@ -358,7 +358,7 @@ const WHY_DLQ_WRITE: &str =
 const WHY_DLQ_CREATE: &str = "on_bad_record = \"dead-letter\" creates the missing dead-letter topic on the first refused record";
 const WHY_TXN: &str = "the bridge's transactional producers (and the take-over fencing of older layouts) use these ids; Write implies Describe";
 const WHY_GROUP: &str = "librdkafka's consumers look up their group's coordinator (assign needs a group; no offsets are committed)";
-const WHY_MONITOR_GROUP: &str = "the bridge commits its source positions to this group after each checkpoint, for lag tools (offsets.monitor_group; Read implies the Describe its consumer's coordinator lookup needs)";
+const WHY_MONITOR_GROUP: &str = "the bridge commits its source positions to this group (at most once a second), for lag tools (offsets.monitor_group; Read implies the Describe its consumer's coordinator lookup needs)";
 const WHY_CLUSTER_CONFIGS: &str = "the timeout check reads the broker's transaction.max.timeout.ms";
 
 /// Probes every permission the configuration needs. An error means a cluster could not be asked
