@@ -537,7 +537,7 @@ struct Pipeline<'a> {
     fenced: BTreeSet<String>,
     /// The offset mapping written with each checkpoint (exactly-once under `preserve` only).
     offsets: Option<offsets::Tracker>,
-    /// Commits the positions to the monitoring group after each checkpoint.
+    /// Commits the newest committed positions to the monitoring group, at most once a second.
     monitor: Option<offsets::monitor::Monitor>,
     /// The mapping sent in the open transaction, carried forward once it commits.
     mapping: Option<offsets::Built>,

@@ -1,5 +1,5 @@
-//! The bridge's progress for standard tooling: after each committed checkpoint its source
-//! positions are committed to a consumer group of its own on the source cluster
+//! The bridge's progress for standard tooling: the source positions of its newest committed
+//! checkpoint are committed to a consumer group of its own on the source cluster
 //! (`offsets.monitor_group`), so that kafka-consumer-groups and lag exporters show its lag.
 //! Monitoring only: the bridge never reads these offsets back (its positions live in its
 //! checkpoints and commit markers).
