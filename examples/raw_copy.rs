@@ -61,12 +61,7 @@ fn main() {
     let ctx: Arc<Deliveries> = producer.context().clone();
 
     let ends = assign_all_from_start(&consumer, &a.copy.input);
-    let target: HashMap<i32, i64> = if a.until_end {
-        ends.clone()
-    } else {
-        HashMap::new()
-    };
-    let total: i64 = target.values().sum();
+    let total: i64 = ends.values().sum();
     let mut next: HashMap<i32, i64> = ends.keys().map(|&p| (p, 0)).collect();
     let mut copied: i64 = 0;
 
@@ -131,7 +126,7 @@ fn main() {
         }
         send_waiting(&producer, rec, Duration::from_millis(1));
         next.insert(p, msg.offset() + 1);
-        if a.until_end && msg.offset() < target[&p] {
+        if a.until_end && msg.offset() < ends[&p] {
             copied += 1;
         }
     }

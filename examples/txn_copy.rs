@@ -106,20 +106,22 @@ fn consumer(a: &Args) -> BaseConsumer {
         .expect("consumer")
 }
 
-/// Durations of the checkpoints, in ms: (barrier to commit, flush, commit).
-#[derive(Default)]
-struct Timings(Vec<(f64, f64, f64)>);
+/// Durations of the checkpoints, in ms, in the order of the `C` lines: barrier to commit, flush,
+/// commit.
+type Timings = [Vec<f64>; 3];
 
 fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1e3
 }
 
-fn pct(mut v: Vec<f64>, p: f64) -> f64 {
+/// p50 and p99 of `v` (sorted in place); zeros for none.
+fn p50_p99(v: &mut [f64]) -> (f64, f64) {
     if v.is_empty() {
-        return 0.0;
+        return (0.0, 0.0);
     }
     v.sort_by(f64::total_cmp);
-    v[((v.len() as f64 * p) as usize).min(v.len() - 1)]
+    let at = |p: f64| v[((v.len() as f64 * p) as usize).min(v.len() - 1)];
+    (at(0.5), at(0.99))
 }
 
 /// Commits `p`'s open transaction; the checkpoint it closes was cut at `barrier` and flushed in
@@ -128,10 +130,13 @@ fn commit(p: &Txp, barrier: Instant, flush: Duration, records: u64, t: &Mutex<Ti
     let began = Instant::now();
     p.commit_transaction(TXN_TIMEOUT)
         .expect("commit_transaction");
-    let row = (ms(barrier.elapsed()), ms(flush), ms(began.elapsed()));
+    let row = [ms(barrier.elapsed()), ms(flush), ms(began.elapsed())];
     // One line per checkpoint: a latency run ends by SIGTERM, before the summary.
-    eprintln!("C {:.2} {:.2} {:.2}", row.0, row.1, row.2);
-    t.lock().unwrap().0.push(row);
+    eprintln!("C {:.2} {:.2} {:.2}", row[0], row[1], row[2]);
+    let mut t = t.lock().unwrap();
+    for (column, v) in t.iter_mut().zip(row) {
+        column.push(v);
+    }
     records
 }
 
@@ -257,28 +262,13 @@ fn main() {
             copied += 1;
         }
     }
-    let t = std::mem::take(&mut timings.lock().unwrap().0);
-    let col = |i: usize| -> Vec<f64> {
-        t.iter()
-            .map(|r| match i {
-                0 => r.0,
-                1 => r.1,
-                _ => r.2,
-            })
-            .collect()
-    };
+    let mut t = std::mem::take(&mut *timings.lock().unwrap());
+    let checkpoints = t[0].len();
+    let [(t50, t99), (f50, f99), (c50, c99)] = t.each_mut().map(|v| p50_p99(v));
     eprintln!(
-        "txn_copy: producers={} interval_ms={} checkpoints={} total_ms p50={:.1} p99={:.1} \
-         flush_ms p50={:.1} p99={:.1} commit_ms p50={:.1} p99={:.1}",
-        a.producers,
-        a.interval_ms,
-        t.len(),
-        pct(col(0), 0.5),
-        pct(col(0), 0.99),
-        pct(col(1), 0.5),
-        pct(col(1), 0.99),
-        pct(col(2), 0.5),
-        pct(col(2), 0.99),
+        "txn_copy: producers={} interval_ms={} checkpoints={checkpoints} total_ms p50={t50:.1} \
+         p99={t99:.1} flush_ms p50={f50:.1} p99={f99:.1} commit_ms p50={c50:.1} p99={c99:.1}",
+        a.producers, a.interval_ms,
     );
     let failed = producers
         .iter()
