@@ -18,7 +18,7 @@ use std::time::Duration;
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext};
 use rdkafka::error::{KafkaError, KafkaResult, RDKafkaErrorCode};
-use rdkafka::message::{BorrowedHeaders, BorrowedMessage, Message, OwnedMessage, Timestamp};
+use rdkafka::message::{BorrowedMessage, Message};
 use rdkafka::statistics::Statistics;
 use rdkafka::{ClientContext, Offset, TopicPartitionList};
 use regex::Regex;
@@ -139,24 +139,28 @@ pub(crate) fn record_bytes(m: &impl Message) -> u64 {
 }
 
 pub(crate) struct Source {
+    /// Declared before `consumer`, so dropped before it: the messages it holds point into the
+    /// consumer's buffers.
+    ahead: Mutex<Ahead>,
     consumer: BaseConsumer<SourceContext>,
     selection: Selection,
     instance: u32,
     instances: u32,
-    ahead: Mutex<Ahead>,
 }
 
 /// Records read while a checkpoint completed, in the order polled, and the error that ended the
 /// reading, if one did: it is handed on after the records before it.
 #[derive(Default)]
 struct Ahead {
-    records: VecDeque<OwnedMessage>,
+    /// Messages of `Source::consumer`, their lifetime widened to keep them here: `Source` drops
+    /// them before the consumer, and hands each out only borrowed from itself (`Source::poll`).
+    records: VecDeque<BorrowedMessage<'static>>,
     bytes: u64,
     error: Option<KafkaError>,
 }
 
-/// The most records read ahead: each is a copy, and small records would otherwise fill the byte
-/// bound with hundreds of thousands of them (the sink's queue holds no more by default anyway).
+/// The most records read ahead: small records would otherwise fill the byte bound with hundreds of
+/// thousands of them (the sink's queue holds no more by default anyway).
 const READ_AHEAD_MAX_RECORDS: usize = crate::sink::SINK_QUEUE_MESSAGES;
 
 /// Our fetch.max.bytes when [source.kafka] sizes neither messages nor the prefetch.
@@ -166,73 +170,21 @@ const FETCH_MAX_BYTES: usize = 2 * 1024 * 1024;
 /// that wait is on the checkpoint's critical path.
 const READ_AHEAD_POLL: Duration = Duration::from_millis(1);
 
-/// A record as the pipeline reads it: polled now, or polled ahead during the last checkpoint.
-pub(crate) enum Polled<'a> {
-    Now(BorrowedMessage<'a>),
-    Ahead(OwnedMessage),
-}
+/// A record as the pipeline reads it, polled now or during the last checkpoint: the consumer's own
+/// message either way. Records read ahead are not copied (at 100 B a copy and a free of each was
+/// most of the reading-ahead thread's cost: bench/results/20261202-profile-eos-100b-100ms-s9-*).
+pub(crate) type Polled<'a> = BorrowedMessage<'a>;
 
-impl Polled<'_> {
-    /// The record as an owned copy (held records, at-most-once).
-    pub(crate) fn detach(self) -> OwnedMessage {
-        match self {
-            Polled::Now(m) => m.detach(),
-            Polled::Ahead(m) => m,
-        }
-    }
-}
-
-impl Message for Polled<'_> {
-    type Headers = BorrowedHeaders;
-
-    fn key(&self) -> Option<&[u8]> {
-        match self {
-            Polled::Now(m) => m.key(),
-            Polled::Ahead(m) => m.key(),
-        }
-    }
-    fn payload(&self) -> Option<&[u8]> {
-        match self {
-            Polled::Now(m) => m.payload(),
-            Polled::Ahead(m) => m.payload(),
-        }
-    }
-    unsafe fn payload_mut(&mut self) -> Option<&mut [u8]> {
-        match self {
-            // SAFETY: forwarded; the caller upholds the trait's contract.
-            Polled::Now(m) => unsafe { m.payload_mut() },
-            Polled::Ahead(m) => unsafe { m.payload_mut() },
-        }
-    }
-    fn topic(&self) -> &str {
-        match self {
-            Polled::Now(m) => m.topic(),
-            Polled::Ahead(m) => m.topic(),
-        }
-    }
-    fn partition(&self) -> i32 {
-        match self {
-            Polled::Now(m) => m.partition(),
-            Polled::Ahead(m) => m.partition(),
-        }
-    }
-    fn offset(&self) -> i64 {
-        match self {
-            Polled::Now(m) => m.offset(),
-            Polled::Ahead(m) => m.offset(),
-        }
-    }
-    fn timestamp(&self) -> Timestamp {
-        match self {
-            Polled::Now(m) => m.timestamp(),
-            Polled::Ahead(m) => m.timestamp(),
-        }
-    }
-    fn headers(&self) -> Option<&BorrowedHeaders> {
-        match self {
-            Polled::Now(m) => m.headers(),
-            Polled::Ahead(m) => m.headers().map(|h| h.as_borrowed()),
-        }
+/// Polls without a timeout first: when a record is ready (nearly always, while draining) that skips
+/// librdkafka's reading of the clock for the timeout, which at 100 B was a few percent of the
+/// bridge's CPU on a machine with a slow clock (bench/results/20261202-profile-eos-100b-100ms-*).
+fn poll_consumer<C: ConsumerContext>(
+    consumer: &BaseConsumer<C>,
+    timeout: Duration,
+) -> Option<KafkaResult<BorrowedMessage<'_>>> {
+    match consumer.poll(Duration::ZERO) {
+        None if !timeout.is_zero() => consumer.poll(timeout),
+        polled => polled,
     }
 }
 
@@ -285,11 +237,11 @@ impl Source {
             .create_with_context(SourceContext::default())
             .map_err(|e| BridgeError::kafka("create source consumer", e))?;
         Ok(Source {
+            ahead: Mutex::default(),
             consumer,
             selection: Selection::new(cfg)?,
             instance: cfg.bridge.instance,
             instances: cfg.bridge.instances,
-            ahead: Mutex::default(),
         })
     }
 
@@ -405,13 +357,14 @@ impl Source {
             let mut ahead = self.lock_ahead();
             if let Some(m) = ahead.records.pop_front() {
                 ahead.bytes -= record_bytes(&m);
-                return Some(Ok(Polled::Ahead(m)));
+                // Narrowed back to a borrow of self: it cannot outlive the consumer.
+                return Some(Ok(m));
             }
             if let Some(e) = ahead.error.take() {
                 return Some(Err(e));
             }
         }
-        self.consumer.poll(timeout).map(|r| r.map(Polled::Now))
+        poll_consumer(&self.consumer, timeout)
     }
 
     /// Reads into the buffer until `stop` is set, `max_bytes` are buffered, or the consumer
@@ -424,10 +377,12 @@ impl Source {
                     return;
                 }
             }
-            match self.consumer.poll(READ_AHEAD_POLL) {
+            match poll_consumer(&self.consumer, READ_AHEAD_POLL) {
                 None => {}
                 Some(Ok(m)) => {
-                    let m = m.detach();
+                    // SAFETY: only the lifetime changes; `Ahead` keeps the message no longer than
+                    // the consumer lives (see `Ahead::records`).
+                    let m: BorrowedMessage<'static> = unsafe { std::mem::transmute(m) };
                     let mut ahead = self.lock_ahead();
                     ahead.bytes += record_bytes(&m);
                     ahead.records.push_back(m);
