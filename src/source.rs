@@ -170,14 +170,10 @@ const FETCH_MAX_BYTES: usize = 2 * 1024 * 1024;
 /// that wait is on the checkpoint's critical path.
 const READ_AHEAD_POLL: Duration = Duration::from_millis(1);
 
-/// A record as the pipeline reads it, polled now or during the last checkpoint: the consumer's own
-/// message either way. Records read ahead are not copied (at 100 B a copy and a free of each was
-/// most of the reading-ahead thread's cost: bench/results/20261202-profile-eos-100b-100ms-s9-*).
-pub(crate) type Polled<'a> = BorrowedMessage<'a>;
-
-/// Polls without a timeout first: when a record is ready (nearly always, while draining) that skips
-/// librdkafka's reading of the clock for the timeout, which at 100 B was a few percent of the
-/// bridge's CPU on a machine with a slow clock (bench/results/20261202-profile-eos-100b-100ms-*).
+/// Polls without a timeout first: with a record ready (nearly always, while draining) librdkafka
+/// then does not read the clock for the timeout. Kept because it costs nothing, not for a measured
+/// gain: rdkafka and librdkafka read the clock per record elsewhere too, and the pipeline thread's
+/// share in it stayed at ~3.4 % (bench/results/20261202-profile-eos-100b-100ms-s10-*).
 fn poll_consumer<C: ConsumerContext>(
     consumer: &BaseConsumer<C>,
     timeout: Duration,
@@ -351,8 +347,10 @@ impl Source {
             .map_err(|e| BridgeError::kafka("assign", e))
     }
 
-    /// The next record: first those read ahead, then the consumer's.
-    pub(crate) fn poll(&self, timeout: Duration) -> Option<KafkaResult<Polled<'_>>> {
+    /// The next record: first those read ahead, then the consumer's. Either way the consumer's own
+    /// message: records read ahead are not copied (at 100 B a copy and a free of each was most of
+    /// the reading-ahead thread's cost: bench/results/20261202-profile-eos-100b-100ms-s9-*).
+    pub(crate) fn poll(&self, timeout: Duration) -> Option<KafkaResult<BorrowedMessage<'_>>> {
         {
             let mut ahead = self.lock_ahead();
             if let Some(m) = ahead.records.pop_front() {
