@@ -40,7 +40,7 @@ use crate::positions::Positions;
 use crate::recovery::plan_layout;
 use crate::savepoint::{Restore, Savepoint};
 use crate::sink::{
-    is_permanent_record_error, InFlightLimit, Origin, Sink, SinkSettings, SourceRef,
+    is_permanent_record_error, InFlightLimit, Openers, Origin, Sink, SinkSettings, SourceRef,
 };
 use crate::source::{record_bytes, Source};
 use crate::status::{self, PartitionStatus, RunState, SharedStatus};
@@ -907,7 +907,13 @@ impl<'a> Pipeline<'a> {
         }
         let savepoint_name = self.savepoint.as_ref().map(|(n, _, _)| n.clone());
 
-        self.sink.begin()?;
+        let openers = Openers {
+            mapping: self
+                .offsets
+                .as_ref()
+                .map(|t| t.opener(&self.sink.settings().marker_key, id, now_ms())),
+        };
+        self.sink.begin(openers)?;
         let read = self.read_until_barrier(barrier_at)?;
 
         // Barrier: P(N) = the positions read.

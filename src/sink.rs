@@ -468,6 +468,26 @@ pub(crate) struct Sink {
     collecting: bool,
     /// The slot of each source partition in the context's `sources`.
     slots: HashMap<(Arc<str>, i32), u16>,
+    /// What the open transaction's first output record brings in with it (see `begin`); None
+    /// once sent, and outside transactions.
+    openers: Option<Openers>,
+    /// The marker of the open transaction (encoded), and that of the newest
+    /// transaction this producer committed: the one an opener restates.
+    sent_marker: Option<Vec<u8>>,
+    committed_marker: Option<Vec<u8>>,
+}
+
+/// Records sent with an epoch's first output record only so that the marker partition and the
+/// offset mapping's partition join the transaction then (one AddPartitionsToTxn with the data's
+/// partitions) rather than at the barrier and after the flush, where each registration was a round
+/// trip to the coordinator on the checkpoint's path (docs/design.md, "Side partitions join with
+/// the first record"). Both are harmless to every reader: the restated marker is the newest one
+/// this producer committed, and it is visible only if the transaction commits, with the newer
+/// marker M(N) after it; the mapping opener is a mapping of no partition.
+#[derive(Default)]
+pub(crate) struct Openers {
+    /// The offset mapping's opener: topic, key and an encoded mapping of no partition.
+    pub mapping: Option<(String, String, Vec<u8>)>,
 }
 
 /// Our queue.buffering.max.messages when [sink.kafka] does not set one (librdkafka's is 100,000).
@@ -545,6 +565,9 @@ impl Sink {
             batch_cap: None,
             collecting: false,
             slots: HashMap::new(),
+            openers: None,
+            sent_marker: None,
+            committed_marker: None,
         };
         sink.init_transactions(deadline)?;
         Ok(sink)
@@ -607,8 +630,11 @@ impl Sink {
             .sources
             .write()
             .unwrap_or_else(|p| p.into_inner()) = sources;
-        // Dropping the old producer purges whatever it still had in flight.
+        // Dropping the old producer purges whatever it still had in flight. Only what this
+        // producer committed is restated: recovery follows a rebuild and decides afresh.
         self.producer = fresh;
+        self.sent_marker = None;
+        self.committed_marker = None;
         let collecting = self.collecting;
         self.collect_runs(collecting);
         self.state = TxnState::Ready;
@@ -711,17 +737,37 @@ impl Sink {
         }
     }
 
-    pub(crate) fn begin(&mut self) -> Result<()> {
+    /// Opens a transaction. `openers` are sent just before its first output record (an epoch that
+    /// reads nothing sends none of them), so that their partitions join the transaction with the
+    /// data's; see [`Openers`].
+    pub(crate) fn begin(&mut self, openers: Openers) -> Result<()> {
         debug_assert_eq!(self.state, TxnState::Ready, "begin with a transaction open");
         // A failure from an earlier transaction must not leak into this one, nor its runs.
         self.producer.context().take_failure();
         self.runs().clear();
+        self.sent_marker = None;
         if self.is_transactional() {
             self.producer
                 .begin_transaction()
                 .map_err(|e| self.fenced_or(e, "begin_transaction"))?;
+            self.openers = Some(openers);
         }
         self.state = TxnState::Open(Instant::now());
+        Ok(())
+    }
+
+    /// Sends the open transaction's openers: the newest committed marker restated, and the
+    /// offset mapping's opener.
+    #[cold]
+    fn send_openers(&mut self, o: Openers) -> Result<()> {
+        if let Some(payload) = self.committed_marker.take() {
+            let sent = self.send_marker_payload(&payload);
+            self.committed_marker = Some(payload);
+            sent?;
+        }
+        if let Some((topic, key, payload)) = o.mapping {
+            self.send_mapping(&topic, &key, &payload)?;
+        }
         Ok(())
     }
 
@@ -744,6 +790,9 @@ impl Sink {
             matches!(self.state, TxnState::Open(_)),
             "send outside a transaction"
         );
+        if let Some(o) = self.openers.take() {
+            self.send_openers(o)?;
+        }
         let mut record: BaseRecord<'_, [u8], [u8], Origin> =
             BaseRecord::with_opaque_to(topic, origin).partition(partition);
         if let Some(k) = key {
@@ -939,8 +988,19 @@ impl Sink {
 
     /// Queues the commit marker M(N) into the open transaction.
     pub(crate) fn send_marker(&mut self, marker: &Marker) -> Result<()> {
-        let key = self.settings.marker_key.clone();
+        // Nothing of the epoch was sent (it read nothing): no opener is due any more.
+        self.openers = None;
         let payload = marker.encode();
+        self.send_marker_payload(&payload)?;
+        // The intent marker of a take-over (checkpoint 0) is no checkpoint's: never restated.
+        if marker.checkpoint_id > 0 {
+            self.sent_marker = Some(payload);
+        }
+        Ok(())
+    }
+
+    fn send_marker_payload(&mut self, payload: &[u8]) -> Result<()> {
+        let key = self.settings.marker_key.clone();
         let me = Origin::from(SourceRef {
             topic: self.settings.marker_topic.as_str().into(),
             partition: self.settings.marker_partition,
@@ -950,7 +1010,7 @@ impl Sink {
             BaseRecord::with_opaque_to(&self.settings.marker_topic, me)
                 .partition(self.settings.marker_partition)
                 .key(key.as_str())
-                .payload(payload.as_slice());
+                .payload(payload);
         self.enqueue(record).map_err(|(e, _)| {
             // The transaction usually failed earlier, on a record: report that record.
             self.earlier_failure(&e)
@@ -1038,6 +1098,9 @@ impl Sink {
             match self.producer.commit_transaction(left) {
                 Ok(()) => {
                     self.state = TxnState::Ready;
+                    if let Some(payload) = self.sent_marker.take() {
+                        self.committed_marker = Some(payload);
+                    }
                     return Ok(());
                 }
                 Err(e) => {
@@ -1063,6 +1126,8 @@ impl Sink {
     /// Aborts the open transaction (a no-op without one, or without transactions). Records not
     /// yet delivered are purged by librdkafka.
     pub(crate) fn abort(&mut self, timeout: Duration) -> Result<()> {
+        self.openers = None;
+        self.sent_marker = None;
         if self.state == TxnState::Ready {
             return Ok(());
         }

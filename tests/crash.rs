@@ -70,6 +70,54 @@ fn a_crash_at_each_protocol_step_loses_nothing_and_duplicates_nothing() {
     s.judge();
 }
 
+/// The same crashes in the third epoch of a process, with records arriving all along: from its
+/// second epoch on, a transaction opens with the marker of the last one this process committed,
+/// restated (docs/design.md, "Side partitions join with the first record"), so recovery finds that
+/// restatement in the aborted or committed transaction beside M(N) and must still reach the
+/// predicted outcome.
+#[cfg(feature = "failpoints")]
+#[test]
+fn a_crash_in_a_later_epoch_of_a_process_loses_nothing_and_duplicates_nothing() {
+    let _serial = serial();
+    let mut s = Scenario::new("fp3", 2);
+
+    for (i, (step, outcome)) in STEPS.iter().enumerate() {
+        let prefix = 2 * i as u32;
+        s.run(&[Produce(100, prefix), Start, Committed, Stop]);
+
+        // 2,000 records over about 2 s: every epoch of the 300 ms interval reads some, so the
+        // third reaches each step with the openers sent.
+        let mut producer = s.produce_in_background(2_000, 1_000, prefix + 1);
+        s.start(&[
+            ("EOS_BRIDGE_FAILPOINT", step),
+            ("EOS_BRIDGE_FAILPOINT_HIT", "3"),
+        ]);
+        let status = s.wait_exit(Duration::from_secs(60));
+        let log = s.log();
+        assert_eq!(
+            status.signal(),
+            Some(libc::SIGKILL),
+            "the bridge must die at the third {step}, it exited with {status}:\n{}",
+            tail(&log, 30)
+        );
+        assert!(log.contains(&format!("failpoint '{step}' reached")));
+        assert!(
+            producer.wait().unwrap().success(),
+            "the input producer failed"
+        );
+
+        s.run(&[Start, Committed]);
+        let log = s.log();
+        assert!(
+            reports_outcome(&log, outcome),
+            "after a crash at the third {step}, recovery should report {outcome}:\n{}",
+            tail(&log, 30)
+        );
+        s.stop();
+    }
+    s.judge();
+}
+
 #[test]
 fn kill_9_at_random_instants_under_load() {
     let _serial = serial();

@@ -166,6 +166,24 @@ impl Tracker {
         }
     }
 
+    /// The opener of checkpoint `id`'s transaction on the mapping topic (`sink::Openers`): topic,
+    /// key and a mapping of no partition, which translation reads as saying nothing.
+    pub(crate) fn opener(&self, writer: &str, id: u64, time_ms: i64) -> (String, String, Vec<u8>) {
+        let m = OffsetMap {
+            version: MAPPING_VERSION,
+            bridge_id: self.bridge_id.clone(),
+            writer: writer.to_string(),
+            checkpoint_id: id,
+            time_ms,
+            partitions: Vec::new(),
+        };
+        (
+            self.topic.clone(),
+            format!("{writer}/{id}/open"),
+            m.encode(),
+        )
+    }
+
     /// The checkpoint of `built` committed.
     pub(crate) fn committed(&mut self, built: Built) {
         self.sink_next.extend(built.sink_next);
@@ -224,5 +242,17 @@ mod tests {
         let m = maps(&b);
         assert_eq!(m[0].partitions[0].runs, vec![]);
         assert_eq!(m[0].partitions[0].sink_next, Some((0, 15)));
+    }
+
+    #[test]
+    fn the_opener_is_a_mapping_of_no_partition_under_a_key_no_part_has() {
+        let t = tracker(4);
+        let (topic, key, payload) = t.opener("b/0", 9, 5);
+        assert_eq!(topic, "m");
+        let m = OffsetMap::decode(&payload).unwrap();
+        assert_eq!((m.checkpoint_id, m.writer.as_str()), (9, "b/0"));
+        assert!(m.partitions.is_empty(), "{m:?}");
+        // The parts of checkpoint 9 are keyed b/0/9/0, b/0/9/1, ...
+        assert_eq!(key, "b/0/9/open");
     }
 }

@@ -18,7 +18,7 @@ use crate::marker::{layout_transactional_id, read_bridge_markers, Layout, Marker
 use crate::positions::Positions;
 use crate::recovery::{decide, plan_layout, Decision, LayoutPlan, RecoveryOutcome, Slot};
 use crate::savepoint::{Restore, RESTORED_PREFIX};
-use crate::sink::fence;
+use crate::sink::{fence, Openers};
 use crate::status::{self, RunState};
 
 impl Pipeline<'_> {
@@ -237,7 +237,7 @@ impl Pipeline<'_> {
             time_ms: now_ms(),
             identity: None,
         };
-        self.sink.begin()?;
+        self.sink.begin(Openers::default())?;
         let sent = self
             .sink
             .send_marker(&intent)
