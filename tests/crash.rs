@@ -33,6 +33,44 @@ fn reports_outcome(log: &str, outcome: &str) -> bool {
     })
 }
 
+/// Starts the bridge to die at the `hit`-th time it reaches `step`, waits for the input producer
+/// if one runs, then restarts it: the start must report the outcome the protocol predicts and
+/// finish the work.
+#[cfg(feature = "failpoints")]
+fn crash_and_recover(
+    s: &mut Scenario,
+    step: &str,
+    hit: &str,
+    outcome: &str,
+    producer: Option<&mut std::process::Child>,
+) {
+    s.start(&[
+        ("EOS_BRIDGE_FAILPOINT", step),
+        ("EOS_BRIDGE_FAILPOINT_HIT", hit),
+    ]);
+    let status = s.wait_exit(Duration::from_secs(60));
+    let log = s.log();
+    assert_eq!(
+        status.signal(),
+        Some(libc::SIGKILL),
+        "the bridge must die at failpoint {step} (hit {hit}), it exited with {status}:\n{}",
+        tail(&log, 30)
+    );
+    assert!(log.contains(&format!("failpoint '{step}' reached")));
+    if let Some(p) = producer {
+        assert!(p.wait().unwrap().success(), "the input producer failed");
+    }
+
+    s.run(&[Start, Committed]);
+    let log = s.log();
+    assert!(
+        reports_outcome(&log, outcome),
+        "after a crash at {step} (hit {hit}), recovery should report {outcome}:\n{}",
+        tail(&log, 30)
+    );
+    s.stop();
+}
+
 #[cfg(feature = "failpoints")]
 #[test]
 fn a_crash_at_each_protocol_step_loses_nothing_and_duplicates_nothing() {
@@ -46,26 +84,7 @@ fn a_crash_at_each_protocol_step_loses_nothing_and_duplicates_nothing() {
 
         // Then a crash at the step, with a fresh batch in flight.
         s.produce(300, prefix + 1);
-        s.start(&[("EOS_BRIDGE_FAILPOINT", step)]);
-        let status = s.wait_exit(Duration::from_secs(60));
-        let log = s.log();
-        assert_eq!(
-            status.signal(),
-            Some(libc::SIGKILL),
-            "the bridge must die at failpoint {step}, it exited with {status}:\n{}",
-            tail(&log, 30)
-        );
-        assert!(log.contains(&format!("failpoint '{step}' reached")));
-
-        // The next start reports the outcome the protocol predicts, and finishes the work.
-        s.run(&[Start, Committed]);
-        let log = s.log();
-        assert!(
-            reports_outcome(&log, outcome),
-            "after a crash at {step}, recovery should report {outcome}:\n{}",
-            tail(&log, 30)
-        );
-        s.stop();
+        crash_and_recover(&mut s, step, "1", outcome, None);
     }
     s.judge();
 }
@@ -88,32 +107,7 @@ fn a_crash_in_a_later_epoch_of_a_process_loses_nothing_and_duplicates_nothing() 
         // 2,000 records over about 2 s: every epoch of the 300 ms interval reads some, so the
         // third reaches each step with the openers sent.
         let mut producer = s.produce_in_background(2_000, 1_000, prefix + 1);
-        s.start(&[
-            ("EOS_BRIDGE_FAILPOINT", step),
-            ("EOS_BRIDGE_FAILPOINT_HIT", "3"),
-        ]);
-        let status = s.wait_exit(Duration::from_secs(60));
-        let log = s.log();
-        assert_eq!(
-            status.signal(),
-            Some(libc::SIGKILL),
-            "the bridge must die at the third {step}, it exited with {status}:\n{}",
-            tail(&log, 30)
-        );
-        assert!(log.contains(&format!("failpoint '{step}' reached")));
-        assert!(
-            producer.wait().unwrap().success(),
-            "the input producer failed"
-        );
-
-        s.run(&[Start, Committed]);
-        let log = s.log();
-        assert!(
-            reports_outcome(&log, outcome),
-            "after a crash at the third {step}, recovery should report {outcome}:\n{}",
-            tail(&log, 30)
-        );
-        s.stop();
+        crash_and_recover(&mut s, step, "3", outcome, Some(&mut producer));
     }
     s.judge();
 }

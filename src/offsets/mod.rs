@@ -147,15 +147,10 @@ impl Tracker {
             .into_iter()
             .enumerate()
             .map(|(i, partitions)| {
-                let m = OffsetMap {
-                    version: MAPPING_VERSION,
-                    bridge_id: self.bridge_id.clone(),
-                    writer: writer.to_string(),
-                    checkpoint_id: id,
-                    time_ms,
-                    partitions,
-                };
-                (format!("{writer}/{id}/{i}"), m.encode())
+                (
+                    format!("{writer}/{id}/{i}"),
+                    self.encode(writer, id, time_ms, partitions),
+                )
             })
             .collect();
         Built {
@@ -169,19 +164,29 @@ impl Tracker {
     /// The opener of checkpoint `id`'s transaction on the mapping topic (`sink::Openers`): topic,
     /// key and a mapping of no partition, which translation reads as saying nothing.
     pub(crate) fn opener(&self, writer: &str, id: u64, time_ms: i64) -> (String, String, Vec<u8>) {
-        let m = OffsetMap {
+        (
+            self.topic.clone(),
+            format!("{writer}/{id}/open"),
+            self.encode(writer, id, time_ms, Vec::new()),
+        )
+    }
+
+    fn encode(
+        &self,
+        writer: &str,
+        id: u64,
+        time_ms: i64,
+        partitions: Vec<PartitionMap>,
+    ) -> Vec<u8> {
+        OffsetMap {
             version: MAPPING_VERSION,
             bridge_id: self.bridge_id.clone(),
             writer: writer.to_string(),
             checkpoint_id: id,
             time_ms,
-            partitions: Vec::new(),
-        };
-        (
-            self.topic.clone(),
-            format!("{writer}/{id}/open"),
-            m.encode(),
-        )
+            partitions,
+        }
+        .encode()
     }
 
     /// The checkpoint of `built` committed.
