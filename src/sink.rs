@@ -633,7 +633,6 @@ impl Sink {
         // Dropping the old producer purges whatever it still had in flight. Only what this
         // producer committed is restated: recovery follows a rebuild and decides afresh.
         self.producer = fresh;
-        self.sent_marker = None;
         self.committed_marker = None;
         let collecting = self.collecting;
         self.collect_runs(collecting);
@@ -759,11 +758,12 @@ impl Sink {
     /// Sends the open transaction's openers: the newest committed marker restated, and the
     /// offset mapping's opener.
     #[cold]
-    fn send_openers(&mut self, o: Openers) -> Result<()> {
-        if let Some(payload) = self.committed_marker.take() {
-            let sent = self.send_marker_payload(&payload);
-            self.committed_marker = Some(payload);
-            sent?;
+    fn send_openers(&mut self) -> Result<()> {
+        let Some(o) = self.openers.take() else {
+            return Ok(());
+        };
+        if let Some(payload) = &self.committed_marker {
+            self.send_marker_payload(payload)?;
         }
         if let Some((topic, key, payload)) = o.mapping {
             self.send_mapping(&topic, &key, &payload)?;
@@ -790,8 +790,9 @@ impl Sink {
             matches!(self.state, TxnState::Open(_)),
             "send outside a transaction"
         );
-        if let Some(o) = self.openers.take() {
-            self.send_openers(o)?;
+        // A test, not a take: the per-record path only reads the field.
+        if self.openers.is_some() {
+            self.send_openers()?;
         }
         let mut record: BaseRecord<'_, [u8], [u8], Origin> =
             BaseRecord::with_opaque_to(topic, origin).partition(partition);
@@ -999,7 +1000,7 @@ impl Sink {
         Ok(())
     }
 
-    fn send_marker_payload(&mut self, payload: &[u8]) -> Result<()> {
+    fn send_marker_payload(&self, payload: &[u8]) -> Result<()> {
         let key = self.settings.marker_key.clone();
         let me = Origin::from(SourceRef {
             topic: self.settings.marker_topic.as_str().into(),
@@ -1126,8 +1127,6 @@ impl Sink {
     /// Aborts the open transaction (a no-op without one, or without transactions). Records not
     /// yet delivered are purged by librdkafka.
     pub(crate) fn abort(&mut self, timeout: Duration) -> Result<()> {
-        self.openers = None;
-        self.sent_marker = None;
         if self.state == TxnState::Ready {
             return Ok(());
         }

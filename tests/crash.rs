@@ -71,22 +71,41 @@ fn crash_and_recover(
     s.stop();
 }
 
+/// A clean run, then a crash at each step in turn and a restart, judged exactly once at the end.
+/// The crash comes the `hit`-th time the step is reached; with `arriving`, records keep arriving
+/// meanwhile, otherwise a fresh batch waits in the input.
 #[cfg(feature = "failpoints")]
-#[test]
-fn a_crash_at_each_protocol_step_loses_nothing_and_duplicates_nothing() {
+fn crash_at_every_step(name: &str, hit: &str, arriving: bool) {
     let _serial = serial();
-    let mut s = Scenario::new("fp", 2);
+    let mut s = Scenario::new(name, 2);
 
     for (i, (step, outcome)) in STEPS.iter().enumerate() {
         // A clean run first, so that there is committed state to come back to.
         let prefix = 2 * i as u32;
-        s.run(&[Produce(300, prefix), Start, Committed, Stop]);
+        s.run(&[
+            Produce(if arriving { 100 } else { 300 }, prefix),
+            Start,
+            Committed,
+            Stop,
+        ]);
 
-        // Then a crash at the step, with a fresh batch in flight.
-        s.produce(300, prefix + 1);
-        crash_and_recover(&mut s, step, "1", outcome, None);
+        let mut producer = if arriving {
+            // 2,000 records over about 2 s: every epoch of the 300 ms interval reads some, so a
+            // later epoch reaches each step with the openers sent.
+            Some(s.produce_in_background(2_000, 1_000, prefix + 1))
+        } else {
+            s.produce(300, prefix + 1);
+            None
+        };
+        crash_and_recover(&mut s, step, hit, outcome, producer.as_mut());
     }
     s.judge();
+}
+
+#[cfg(feature = "failpoints")]
+#[test]
+fn a_crash_at_each_protocol_step_loses_nothing_and_duplicates_nothing() {
+    crash_at_every_step("fp", "1", false);
 }
 
 /// The same crashes in the third epoch of a process, with records arriving all along: from its
@@ -97,19 +116,7 @@ fn a_crash_at_each_protocol_step_loses_nothing_and_duplicates_nothing() {
 #[cfg(feature = "failpoints")]
 #[test]
 fn a_crash_in_a_later_epoch_of_a_process_loses_nothing_and_duplicates_nothing() {
-    let _serial = serial();
-    let mut s = Scenario::new("fp3", 2);
-
-    for (i, (step, outcome)) in STEPS.iter().enumerate() {
-        let prefix = 2 * i as u32;
-        s.run(&[Produce(100, prefix), Start, Committed, Stop]);
-
-        // 2,000 records over about 2 s: every epoch of the 300 ms interval reads some, so the
-        // third reaches each step with the openers sent.
-        let mut producer = s.produce_in_background(2_000, 1_000, prefix + 1);
-        crash_and_recover(&mut s, step, "3", outcome, Some(&mut producer));
-    }
-    s.judge();
+    crash_at_every_step("fp3", "3", true);
 }
 
 #[test]
