@@ -11,8 +11,18 @@
 //! of a new layout's take-over (docs/design.md, "Rescaling"): `after-intent`, `after-fence`,
 //! `after-takeover` (pipeline/recover.rs).
 
-#[cfg(feature = "failpoints")]
+/// A step of the checkpoint protocol: the message names the checkpoint, so that a test can tell
+/// which one the restart must resume from.
+pub(crate) fn hit_at(step: &'static str, checkpoint: u64) {
+    crossed(step, Some(checkpoint));
+}
+
 pub(crate) fn hit(step: &'static str) {
+    crossed(step, None);
+}
+
+#[cfg(feature = "failpoints")]
+fn crossed(step: &'static str, checkpoint: Option<u64>) {
     use std::sync::atomic::{AtomicU64, Ordering};
     use std::sync::OnceLock;
     static ARMED: OnceLock<Option<(String, u64)>> = OnceLock::new();
@@ -29,7 +39,12 @@ pub(crate) fn hit(step: &'static str) {
         if name == step && COUNT.fetch_add(1, Ordering::SeqCst) + 1 == *nth {
             let panic = std::env::var("EOS_BRIDGE_FAILPOINT_ACTION").as_deref() == Ok("panic");
             assert!(!panic, "failpoint '{step}' reached");
-            eprintln!("eos-bridge: failpoint '{step}' reached: killing this process");
+            match checkpoint {
+                Some(id) => eprintln!(
+                    "eos-bridge: failpoint '{step}' reached at checkpoint {id}: killing this process"
+                ),
+                None => eprintln!("eos-bridge: failpoint '{step}' reached: killing this process"),
+            }
             // SAFETY: sending a signal to our own pid has no memory-safety preconditions.
             unsafe {
                 libc::kill(libc::getpid(), libc::SIGKILL);
@@ -40,4 +55,4 @@ pub(crate) fn hit(step: &'static str) {
 
 #[cfg(not(feature = "failpoints"))]
 #[inline(always)]
-pub(crate) fn hit(_step: &'static str) {}
+fn crossed(_step: &'static str, _checkpoint: Option<u64>) {}

@@ -1087,7 +1087,7 @@ impl<'a> Pipeline<'a> {
                 l.origin(msg.offset()),
             )?;
             if count == 1 {
-                failpoint::hit("after-produce");
+                failpoint::hit_at("after-produce", self.last_id + 1);
             }
         }
         if let Some(done) = lane {
@@ -1150,7 +1150,7 @@ impl<'a> Pipeline<'a> {
                 held,
                 identity,
             };
-            let result = protocol.complete(&mut output, &*store, c, deadline, &mut progress);
+            let result = protocol.complete(&mut output, &store, c, deadline, &mut progress);
             stop.store(true, Ordering::Release);
             result
         });

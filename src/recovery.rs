@@ -223,8 +223,9 @@ pub(crate) fn decide(
                     warnings.push(format!(
                         "the state directory holds no checkpoint {id} (newest usable one at or \
                          below it: {newest_usable}), but the commit marker proves it committed \
-                         ({}): the state directory lost its update, is new, or its entry is \
-                         corrupt; adopting the marker's positions",
+                         ({}): the process stopped before the fsync that follows each commit, \
+                         or the state directory is new or its entry corrupt; adopting the \
+                         marker's positions",
                         age(m.time_ms, now_ms)
                     ));
                     adopt = Some(Checkpoint {
