@@ -875,16 +875,8 @@ mod savepoint_tests {
         );
 
         drop(store);
-        let store = CheckpointStore::open(dir.path(), 3).unwrap();
-        let states: Vec<(u64, CheckpointState)> = store
-            .load()
-            .unwrap()
-            .checkpoints
-            .iter()
-            .map(|c| (c.id, c.state))
-            .collect();
         assert_eq!(
-            states,
+            states(&reopen(dir.path(), 3)),
             [
                 (1, CheckpointState::Committed),
                 (2, CheckpointState::Committed),
@@ -938,28 +930,30 @@ mod savepoint_tests {
         assert_eq!(store.resolved_start().unwrap(), None);
     }
 
-    #[test]
-    fn the_committed_mark_is_made_durable_by_the_next_pending_write_or_sync() {
-        let dir = tempfile::tempdir().unwrap();
-        {
-            let store = CheckpointStore::open(dir.path(), 5).unwrap();
-            store.write_pending(&committed(1)).unwrap();
-            store.mark_committed(1).unwrap();
-            // The next checkpoint's durable write carries the unsynced mark with it.
-            store.write_pending(&committed(2)).unwrap();
-            store.mark_committed(2).unwrap();
-            store.sync().unwrap();
-        }
-        let store = reopen(dir.path(), 5);
-        let states: Vec<(u64, CheckpointState)> = store
+    fn states(store: &CheckpointStore) -> Vec<(u64, CheckpointState)> {
+        store
             .load()
             .unwrap()
             .checkpoints
             .iter()
             .map(|c| (c.id, c.state))
-            .collect();
+            .collect()
+    }
+
+    /// What a graceful stop does after its final checkpoint.
+    #[test]
+    fn sync_makes_the_unsynced_pending_writes_and_marks_durable() {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let store = CheckpointStore::open(dir.path(), 5).unwrap();
+            for id in [1, 2] {
+                store.write_pending(&committed(id)).unwrap();
+                store.mark_committed(id).unwrap();
+            }
+            store.sync().unwrap();
+        }
         assert_eq!(
-            states,
+            states(&reopen(dir.path(), 5)),
             [
                 (1, CheckpointState::Committed),
                 (2, CheckpointState::Committed)
