@@ -39,12 +39,8 @@ fn crossed(step: &'static str, checkpoint: Option<u64>) {
         if name == step && COUNT.fetch_add(1, Ordering::SeqCst) + 1 == *nth {
             let panic = std::env::var("EOS_BRIDGE_FAILPOINT_ACTION").as_deref() == Ok("panic");
             assert!(!panic, "failpoint '{step}' reached");
-            match checkpoint {
-                Some(id) => eprintln!(
-                    "eos-bridge: failpoint '{step}' reached at checkpoint {id}: killing this process"
-                ),
-                None => eprintln!("eos-bridge: failpoint '{step}' reached: killing this process"),
-            }
+            let at = checkpoint.map_or(String::new(), |id| format!(" at checkpoint {id}"));
+            eprintln!("eos-bridge: failpoint '{step}' reached{at}: killing this process");
             // SAFETY: sending a signal to our own pid has no memory-safety preconditions.
             unsafe {
                 libc::kill(libc::getpid(), libc::SIGKILL);
