@@ -242,19 +242,8 @@ pub struct CheckpointStore {
     /// background fsync does not hold up the next checkpoint's writes.
     db_file: File,
     durable: Mutex<DurableFiles>,
-    syncing: Mutex<Syncing>,
-}
-
-/// The background fsync, under one lock: a request made while it runs is never lost between the
-/// thread's last look and its exit, because it decides to exit under this lock.
-#[derive(Default)]
-struct Syncing {
-    /// The fsync thread, running or done and not yet joined.
-    thread: Option<JoinHandle<Result<(), StoreError>>>,
-    /// The thread has not decided to exit yet.
-    running: bool,
-    /// Writes were made after the running fsync began: it goes once more before it exits.
-    again: bool,
+    /// The fsync started after the newest commit, until someone waits for it.
+    syncing: Mutex<Option<JoinHandle<Result<(), StoreError>>>>,
 }
 
 /// Shows its directory only: the database's content is what `load` is for.
@@ -322,7 +311,7 @@ impl CheckpointStore {
             durable: Mutex::new(DurableFiles {
                 synced_blobs: HashSet::new(),
             }),
-            syncing: Mutex::new(Syncing::default()),
+            syncing: Mutex::new(None),
         };
         // Blobs a previous process wrote may never have been synced.
         store.sync_new_blobs(&mut store.lock())?;
@@ -421,61 +410,37 @@ impl CheckpointStore {
 
     /// Starts making every write so far durable on a thread of its own and returns at once: after
     /// a commit, so that the checkpoint's one fsync overlaps the next epoch instead of delaying
-    /// the commit (its p99 was 40-140 ms beside a broker writing 1 KB records). No commit waits
-    /// for an fsync either: one still running when the next commit asks again goes once more
-    /// when it is done (the writes made meanwhile need it), so there is never more than one, and
-    /// sled lags the newest commit by at most the time of two. The marker proves the commits in
-    /// that lag, and recovery adopts its positions. A failed fsync is reported by the next call
-    /// (or `wait_synced`).
+    /// the commit (its p99 was 40-140 ms beside a broker writing 1 KB records). `wait_synced`
+    /// collects the outcome; a sync still running is waited for first (the pipeline has always
+    /// waited already), so they never overlap.
     pub fn sync_in_background(self: &Arc<Self>) -> Result<(), StoreError> {
-        let mut s = self.syncing.lock().unwrap_or_else(|e| e.into_inner());
-        // A thread that ended while still running panicked: joining it reports that.
-        let ended = s.thread.as_ref().is_none_or(JoinHandle::is_finished);
-        if s.running && !ended {
-            s.again = true;
-            return Ok(());
-        }
-        // Done, or about to return (it decided so under this lock): joining it does not wait.
-        if let Some(done) = s.thread.take() {
-            self.joined(done)?;
-        }
+        self.wait_synced()?;
+        let mut slot = self.syncing.lock().unwrap_or_else(|e| e.into_inner());
         let store = Arc::clone(self);
         let spawned = std::thread::Builder::new()
             .name("eos-bridge-fsync".into())
-            .spawn(move || loop {
-                let synced = store.sync_now();
-                let mut s = store.syncing.lock().unwrap_or_else(|e| e.into_inner());
-                if synced.is_err() || !s.again {
-                    s.running = false;
-                    return synced;
-                }
-                s.again = false;
-            });
+            .spawn(move || store.sync_now());
         match spawned {
             Ok(handle) => {
-                s.thread = Some(handle);
-                s.running = true;
-                s.again = false;
+                *slot = Some(handle);
                 Ok(())
             }
             // Without a thread the fsync happens here: the same durability, on the data path.
             Err(e) => {
-                drop(s);
+                drop(slot);
                 tracing::warn!(error = %e, "could not start the background fsync; syncing in line");
                 self.sync_now()
             }
         }
     }
 
-    /// Waits until the background fsync, if any, is done, including a last round asked for
-    /// while it ran: its error, if it failed, is the caller's (the writes it covered may not be
-    /// on disk).
+    /// Waits for the fsync `sync_in_background` started, if any: its error, if it failed, is the
+    /// caller's (the writes it covered may not be on disk).
     pub fn wait_synced(&self) -> Result<(), StoreError> {
         let handle = self
             .syncing
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .thread
             .take();
         match handle {
             Some(handle) => self.joined(handle),
@@ -891,25 +856,13 @@ mod savepoint_tests {
         store.write_pending(&committed(2)).unwrap();
         store.mark_committed(2).unwrap();
         store.sync_in_background().unwrap();
-        // Asked again, with writes between, while it may still run: never a second thread, and
-        // the running one goes once more instead.
-        for id in [3, 4] {
-            store.write_pending(&committed(id)).unwrap();
-            store.mark_committed(id).unwrap();
-            store.sync_in_background().unwrap();
-        }
+        // A second one follows the first instead of overlapping it.
+        store.sync_in_background().unwrap();
         store.wait_synced().unwrap();
         store.wait_synced().unwrap();
-        {
-            let s = store.syncing.lock().unwrap();
-            assert!(
-                s.thread.is_none() && !s.running && !s.again,
-                "the wait leaves no fsync running or owed"
-            );
-        }
 
         let before = on_disk();
-        let mut named = committed(5);
+        let mut named = committed(3);
         named.savepoint = Some("sp".into());
         store.write_pending(&named).unwrap();
         assert!(
@@ -921,10 +874,9 @@ mod savepoint_tests {
         assert_eq!(
             states(&reopen(dir.path(), 3)),
             [
+                (1, CheckpointState::Committed),
                 (2, CheckpointState::Committed),
-                (3, CheckpointState::Committed),
-                (4, CheckpointState::Committed),
-                (5, CheckpointState::Pending)
+                (3, CheckpointState::Pending)
             ]
         );
     }
