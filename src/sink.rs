@@ -1041,6 +1041,9 @@ impl Sink {
         let end = Instant::now() + timeout;
         let mut failed_at: Option<Instant> = None;
         let ctx = self.producer.context();
+        // librdkafka's count, not one of ours that the report's callback lowers at once: ours is
+        // zero a moment before librdkafka's, and a commit_transaction in that moment sleeps ~100
+        // ms in its own flush (tried in session 13: commit step p99 104 ms, bench/README.md).
         while self.producer.in_flight_count() > 0 {
             let now = Instant::now();
             if failed_at.is_none() && ctx.has_failed() {
