@@ -12,11 +12,11 @@
 //! checkpoints by ascending id, and the key stays printable for operators and for `CorruptEntry`.
 //!
 //! Durability: every mutating call applies exactly one `sled::Batch` (so a checkpoint and the
-//! pruning it causes land together or not at all); all but `write_pending` of an ordinary
-//! checkpoint and `mark_committed` (see there) then call `Db::flush`, then fsync any blob files
-//! sled wrote, then `sync_all` on a handle to `<dir>/db` held open by the store. `flush` alone
-//! ends in `sync_file_range` on Linux, which survives a process crash but not a power loss. Those
-//! two are made durable by `sync_in_background` after the commit, on a thread of its own: the
+//! pruning it causes land together or not at all), then calls `Db::flush`, then fsyncs any blob
+//! files sled wrote, then `sync_all` on a handle to `<dir>/db` held open by the store. `flush`
+//! alone ends in `sync_file_range` on Linux, which survives a process crash but not a power loss.
+//! The one exception is the exactly-once commit, `commit_in_background`: its committed write and
+//! that fsync run after the commit on a thread of its own, never on the checkpoint's path. The
 //! commit marker, not sled, proves a commit, and recovery adopts its positions when sled lags.
 
 use std::collections::{BTreeMap, HashSet};
@@ -242,8 +242,20 @@ pub struct CheckpointStore {
     /// background fsync does not hold up the next checkpoint's writes.
     db_file: File,
     durable: Mutex<DurableFiles>,
-    /// The fsync started after the newest commit, until someone waits for it.
-    syncing: Mutex<Option<JoinHandle<Result<(), StoreError>>>>,
+    background: Mutex<Background>,
+}
+
+/// The committed writes handed over after exactly-once commits, and the one thread that applies
+/// and fsyncs them, under one lock: the thread decides to exit under it, so a checkpoint queued
+/// meanwhile is never left behind.
+#[derive(Default)]
+struct Background {
+    /// The writer thread, running or done and not yet joined.
+    thread: Option<JoinHandle<Result<(), StoreError>>>,
+    /// Committed checkpoints not yet handed to sled, oldest first.
+    queued: Vec<Checkpoint>,
+    /// The thread has not decided to exit yet: it looks at `queued` again before it does.
+    running: bool,
 }
 
 /// Shows its directory only: the database's content is what `load` is for.
@@ -311,7 +323,7 @@ impl CheckpointStore {
             durable: Mutex::new(DurableFiles {
                 synced_blobs: HashSet::new(),
             }),
-            syncing: Mutex::new(None),
+            background: Mutex::new(Background::default()),
         };
         // Blobs a previous process wrote may never have been synced.
         store.sync_new_blobs(&mut store.lock())?;
@@ -335,16 +347,16 @@ impl CheckpointStore {
         Ok(loaded)
     }
 
-    /// The pre-commit write: `c` is stored as pending, whatever its `state` says. Rewriting a
-    /// pending checkpoint of the same id is allowed (an epoch retried after an abort keeps its id).
+    /// The pre-commit write: `c` is stored as pending, whatever its `state` says, durably. Rewriting
+    /// a pending checkpoint of the same id is allowed (an epoch retried after an abort keeps its id).
     ///
-    /// Not fsynced unless it names a savepoint: a pending checkpoint proves nothing (recovery
-    /// settles it from the commit marker, and adopts the marker's positions when the checkpoint
-    /// is missing), so its fsync would only delay the commit; `sync_in_background` after the
-    /// commit makes it durable together with its committed mark. A savepoint's pending write is
-    /// durable before its transaction commits, so that a crash between the commit and that fsync
-    /// cannot lose the name the operator was told about.
+    /// Exactly-once writes one only for a checkpoint that names a savepoint: the operator is told
+    /// about the savepoint after the commit, so its name must be on disk before the transaction
+    /// commits, or a crash between the commit and the committed write would lose it. An ordinary
+    /// checkpoint has no pending write: the commit marker proves its commit and recovery adopts
+    /// the marker's positions when sled lacks it (docs/design.md, "The checkpoint protocol").
     pub fn write_pending(&self, c: &Checkpoint) -> Result<(), StoreError> {
+        self.wait_synced()?;
         let mut files = self.lock();
         match self.get(c.id) {
             Ok(Some(existing)) if existing.state == CheckpointState::Committed => {
@@ -361,30 +373,100 @@ impl CheckpointStore {
         pending.state = CheckpointState::Pending;
         let mut batch = sled::Batch::default();
         batch.insert(checkpoint_key(pending.id).as_bytes(), encode(&pending));
-        if pending.savepoint.is_some() {
-            self.apply_durably(&mut files, batch)
-        } else {
-            self.db.apply_batch(batch).map_err(|e| self.db_error(e))
-        }
+        self.apply_durably(&mut files, batch)
     }
 
-    /// After `commit_transaction` succeeded: marks checkpoint `id` committed and prunes, in one
-    /// batch. Marking an already committed checkpoint again is harmless.
-    ///
-    /// Not fsynced: the commit marker already says that `id` committed, and recovery confirms a
-    /// pending checkpoint from it, or adopts the marker's positions when the pending write was
-    /// lost too (docs/design.md, "Recovery"), so losing this write to a crash loses nothing.
-    /// `sync_in_background` makes it durable off the data path.
+    /// Recovery's confirmation: the commit marker proves pending checkpoint `id` committed, so it
+    /// is marked committed and pruned after, in one durable batch. Marking an already committed
+    /// checkpoint again is harmless.
     pub fn mark_committed(&self, id: u64) -> Result<(), StoreError> {
-        // Held to keep writers in order, as the durable writes do.
-        let _files = self.lock();
+        self.wait_synced()?;
+        let mut files = self.lock();
         let mut c = self.get(id)?.ok_or_else(|| StoreError::NotFound {
             dir: self.dir.clone(),
             id,
         })?;
         c.state = CheckpointState::Committed;
-        let batch = self.committed_batch(&c)?;
-        self.db.apply_batch(batch).map_err(|e| self.db_error(e))
+        self.commit_with_retention(&mut files, &c)
+    }
+
+    /// After an exactly-once `commit_transaction` succeeded: writes `c` as committed, prunes, and
+    /// fsyncs, on a thread of its own, and returns at once. Nothing of it is on the checkpoint's
+    /// path: beside a broker writing 1 KB records at 100 ms the fsync's p99 was 40-140 ms, and a
+    /// write issued while the previous fsync ran stalled behind it (bench/README.md, sessions 12
+    /// and 13).
+    ///
+    /// One thread at a time: checkpoints committed while it works are queued and written together
+    /// in its next round, with one fsync, so a slow disk makes the rounds larger, not more
+    /// numerous, and sled lags the newest commit by at most two rounds. The marker proves the
+    /// commits in that lag and recovery adopts its positions. A failed round is reported by the
+    /// next call or by `wait_synced` (the writes it covered may not be on disk).
+    pub fn commit_in_background(self: &Arc<Self>, c: &Checkpoint) -> Result<(), StoreError> {
+        let mut committed = c.clone();
+        committed.state = CheckpointState::Committed;
+        let mut b = self.background_state();
+        // A thread that ended while still running panicked: joining it reports that.
+        let ended = b.thread.as_ref().is_none_or(JoinHandle::is_finished);
+        if b.running && !ended {
+            b.queued.push(committed);
+            return Ok(());
+        }
+        // Done, or about to return (it decided so under this lock): joining does not wait.
+        if let Some(done) = b.thread.take() {
+            b.running = false;
+            self.joined(done)?;
+        }
+        b.queued.push(committed);
+        let store = Arc::clone(self);
+        let spawned = std::thread::Builder::new()
+            .name("eos-bridge-store".into())
+            .spawn(move || store.write_queued());
+        match spawned {
+            Ok(handle) => {
+                b.thread = Some(handle);
+                b.running = true;
+                Ok(())
+            }
+            // Without a thread the write happens here: the same durability, on the data path.
+            Err(e) => {
+                drop(b);
+                tracing::warn!(error = %e, "could not start the checkpoint writer thread; writing in line");
+                self.write_queued()
+            }
+        }
+    }
+
+    /// The writer thread's loop: every round writes what is queued in one batch and fsyncs it,
+    /// until a look at the queue under the lock finds it empty.
+    fn write_queued(&self) -> Result<(), StoreError> {
+        loop {
+            let round = {
+                let mut b = self.background_state();
+                if b.queued.is_empty() {
+                    b.running = false;
+                    return Ok(());
+                }
+                std::mem::take(&mut b.queued)
+            };
+            let written = {
+                let mut files = self.lock();
+                self.committed_batch(&round).and_then(|batch| {
+                    self.db.apply_batch(batch).map_err(|e| self.db_error(e))?;
+                    // The writers' lock is not held over the fsync: a savepoint's or recovery's
+                    // write may go on meanwhile (the next fsync covers it).
+                    self.sync_new_blobs(&mut files)
+                })
+            };
+            if let Err(e) = written.and_then(|()| self.sync_now()) {
+                self.background_state().running = false;
+                return Err(e);
+            }
+        }
+    }
+
+    fn background_state(&self) -> MutexGuard<'_, Background> {
+        // The queue and the handle are valid after any panic.
+        self.background.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Makes every write so far durable (a graceful stop calls it after its final checkpoint).
@@ -393,9 +475,6 @@ impl CheckpointStore {
         self.sync_now()
     }
 
-    /// The writers' lock is held only while the blobs are looked at: the next checkpoint's
-    /// pending write goes on while sled flushes and the log is fsynced (what it writes meanwhile
-    /// may or may not be covered; the next fsync covers it).
     fn sync_now(&self) -> Result<(), StoreError> {
         self.db.flush().map_err(|e| self.db_error(e))?;
         self.sync_new_blobs(&mut self.lock())?;
@@ -408,40 +487,11 @@ impl CheckpointStore {
             .map_err(io_error("fsync", &self.dir.join("db")))
     }
 
-    /// Starts making every write so far durable on a thread of its own and returns at once: after
-    /// a commit, so that the checkpoint's one fsync overlaps the next epoch instead of delaying
-    /// the commit (its p99 was 40-140 ms beside a broker writing 1 KB records). `wait_synced`
-    /// collects the outcome; a sync still running is waited for first (the pipeline has always
-    /// waited already), so they never overlap.
-    pub fn sync_in_background(self: &Arc<Self>) -> Result<(), StoreError> {
-        self.wait_synced()?;
-        let mut slot = self.syncing.lock().unwrap_or_else(|e| e.into_inner());
-        let store = Arc::clone(self);
-        let spawned = std::thread::Builder::new()
-            .name("eos-bridge-fsync".into())
-            .spawn(move || store.sync_now());
-        match spawned {
-            Ok(handle) => {
-                *slot = Some(handle);
-                Ok(())
-            }
-            // Without a thread the fsync happens here: the same durability, on the data path.
-            Err(e) => {
-                drop(slot);
-                tracing::warn!(error = %e, "could not start the background fsync; syncing in line");
-                self.sync_now()
-            }
-        }
-    }
-
-    /// Waits for the fsync `sync_in_background` started, if any: its error, if it failed, is the
-    /// caller's (the writes it covered may not be on disk).
+    /// Waits until every checkpoint handed to `commit_in_background` is written and fsynced: its
+    /// error, if a round failed, is the caller's. Every other write waits here first, so that
+    /// sled sees the checkpoints in the order they committed, and recovery reads them all.
     pub fn wait_synced(&self) -> Result<(), StoreError> {
-        let handle = self
-            .syncing
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .take();
+        let handle = self.background_state().thread.take();
         match handle {
             Some(handle) => self.joined(handle),
             None => Ok(()),
@@ -452,14 +502,16 @@ impl CheckpointStore {
         handle.join().unwrap_or_else(|_| {
             let db_path = self.dir.join("db");
             Err(io_error("fsync", &db_path)(io::Error::other(
-                "the background fsync thread panicked",
+                "the checkpoint writer thread panicked",
             )))
         })
     }
 
-    /// Stores `c` directly as committed (at-least-once mode, or a checkpoint adopted from a commit
-    /// marker) and prunes, in one durable batch.
+    /// Stores `c` directly as committed (at-least-once mode, an exactly-once checkpoint that names
+    /// a savepoint, or a checkpoint adopted from a commit marker) and prunes, in one durable
+    /// batch, after every checkpoint handed to `commit_in_background` is in.
     pub fn put_committed(&self, c: &Checkpoint) -> Result<(), StoreError> {
+        self.wait_synced()?;
         let mut files = self.lock();
         let mut committed = c.clone();
         committed.state = CheckpointState::Committed;
@@ -515,6 +567,7 @@ impl CheckpointStore {
     /// Drops a pending checkpoint that was never committed. A missing id is not an error, so a
     /// discard interrupted by a crash can simply be repeated.
     pub fn discard(&self, id: u64) -> Result<(), StoreError> {
+        self.wait_synced()?;
         let mut files = self.lock();
         match self.get(id)? {
             None => Ok(()),
@@ -606,23 +659,24 @@ impl CheckpointStore {
         files: &mut DurableFiles,
         c: &Checkpoint,
     ) -> Result<(), StoreError> {
-        let batch = self.committed_batch(c)?;
+        let batch = self.committed_batch(std::slice::from_ref(c))?;
         self.apply_durably(files, batch)
     }
 
-    /// The batch that writes committed checkpoint `c` with the retention that follows from it.
-    fn committed_batch(&self, c: &Checkpoint) -> Result<sled::Batch, StoreError> {
+    /// The batch that writes committed checkpoints `cs` with the retention that follows from them.
+    fn committed_batch(&self, cs: &[Checkpoint]) -> Result<sled::Batch, StoreError> {
         let mut after: BTreeMap<u64, (CheckpointState, bool)> = BTreeMap::new();
         for entry in self.load()?.checkpoints {
             after.insert(entry.id, (entry.state, entry.savepoint.is_some()));
         }
-        after.insert(c.id, (c.state, c.savepoint.is_some()));
-
         let mut batch = sled::Batch::default();
-        batch.insert(checkpoint_key(c.id).as_bytes(), encode(c));
-        // A committed checkpoint supersedes the resolved start positions for good.
-        if c.state == CheckpointState::Committed {
-            batch.remove(START_KEY.as_bytes());
+        for c in cs {
+            after.insert(c.id, (c.state, c.savepoint.is_some()));
+            batch.insert(checkpoint_key(c.id).as_bytes(), encode(c));
+            // A committed checkpoint supersedes the resolved start positions for good.
+            if c.state == CheckpointState::Committed {
+                batch.remove(START_KEY.as_bytes());
+            }
         }
         for id in prune(&after, self.retain) {
             batch.remove(checkpoint_key(id).as_bytes());
@@ -843,40 +897,64 @@ mod savepoint_tests {
         );
     }
 
-    /// The checkpoint's one fsync runs behind the commit: fsyncs started one after the other
-    /// follow each other, the wait collects them, and what they covered is there after a
-    /// reopen; a savepoint's pending write is in the file before the call returns.
+    /// Committed checkpoints handed over after their commits are written by one thread at a
+    /// time, in order, coalesced while it works; every other write waits for them first; and
+    /// what they wrote is there after a reopen. A savepoint's pending write is in the file before
+    /// the call returns.
     #[test]
-    fn the_background_fsync_covers_the_ordinary_writes_and_a_savepoint_waits_for_none() {
+    fn background_commits_land_in_order_before_any_other_write() {
         let dir = tempfile::tempdir().unwrap();
         let store = Arc::new(CheckpointStore::open(dir.path(), 3).unwrap());
         store.put_committed(&committed(1)).unwrap();
         let on_disk = || fs::read(dir.path().join("db")).unwrap();
 
-        store.write_pending(&committed(2)).unwrap();
-        store.mark_committed(2).unwrap();
-        store.sync_in_background().unwrap();
-        // A second one follows the first instead of overlapping it.
-        store.sync_in_background().unwrap();
+        for id in 2..=4 {
+            store.commit_in_background(&committed(id)).unwrap();
+        }
+        {
+            let b = store.background.lock().unwrap();
+            assert!(
+                b.thread.is_some() || b.queued.is_empty(),
+                "never a queued checkpoint without a thread to write it"
+            );
+        }
         store.wait_synced().unwrap();
-        store.wait_synced().unwrap();
+        {
+            let b = store.background.lock().unwrap();
+            assert!(
+                b.thread.is_none() && !b.running && b.queued.is_empty(),
+                "the wait leaves nothing running or queued"
+            );
+        }
+        assert_eq!(
+            states(&store),
+            [
+                (2, CheckpointState::Committed),
+                (3, CheckpointState::Committed),
+                (4, CheckpointState::Committed)
+            ],
+            "retention counts the background writes"
+        );
 
-        let before = on_disk();
-        let mut named = committed(3);
+        // An in-line write right behind a background one waits for it: sled sees commit order.
+        store.commit_in_background(&committed(5)).unwrap();
+        let mut named = committed(6);
         named.savepoint = Some("sp".into());
+        let before = on_disk();
         store.write_pending(&named).unwrap();
         assert!(
             on_disk() != before,
-            "a savepoint's pending write waits for no fsync"
+            "a savepoint's pending write is in the file"
         );
 
         drop(store);
         assert_eq!(
             states(&reopen(dir.path(), 3)),
             [
-                (1, CheckpointState::Committed),
-                (2, CheckpointState::Committed),
-                (3, CheckpointState::Pending)
+                (3, CheckpointState::Committed),
+                (4, CheckpointState::Committed),
+                (5, CheckpointState::Committed),
+                (6, CheckpointState::Pending)
             ]
         );
     }
@@ -938,13 +1016,12 @@ mod savepoint_tests {
 
     /// What a graceful stop does after its final checkpoint.
     #[test]
-    fn sync_makes_the_unsynced_pending_writes_and_marks_durable() {
+    fn sync_waits_for_the_background_commits_and_makes_them_durable() {
         let dir = tempfile::tempdir().unwrap();
         {
-            let store = CheckpointStore::open(dir.path(), 5).unwrap();
+            let store = Arc::new(CheckpointStore::open(dir.path(), 5).unwrap());
             for id in [1, 2] {
-                store.write_pending(&committed(id)).unwrap();
-                store.mark_committed(id).unwrap();
+                store.commit_in_background(&committed(id)).unwrap();
             }
             store.sync().unwrap();
         }

@@ -324,6 +324,11 @@ pub(crate) fn run(
         }
         Err(e) => Err(e),
     };
+    // The newest commits' checkpoints may still be on the store's writer thread: let them land
+    // before the process exits (were it killed instead, recovery would adopt them from the marker).
+    if let Err(e) = shared.store.wait_synced() {
+        warn!(error = %e, "writing the newest committed checkpoints to the state directory failed");
+    }
     status::update(&shared.status, |s| match &result {
         Ok(()) => s.state = RunState::Stopped,
         Err(e) => {
@@ -811,7 +816,7 @@ impl<'a> Pipeline<'a> {
                 Ok(()) => {
                     self.failures_in_row = 0;
                     if self.shutdown_requested() {
-                        // Its committed mark is not fsynced on the data path (mark_committed).
+                        // Its committed write and fsync run on the store's writer thread.
                         self.store.sync()?;
                         info!(
                             checkpoint = self.last_id,

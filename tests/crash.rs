@@ -17,9 +17,9 @@ use common::*;
 /// The protocol steps, in order: whether the crashed checkpoint N had committed (the restart
 /// resumes from N, else from N-1), and the recovery outcomes the restart may report. Which of
 /// those it reports depends on what of sled's unsynced writes reached the file before the kill:
-/// the pending checkpoint and its committed mark are written without an fsync, which follows
-/// the commit on a thread of its own (docs/design.md, "The checkpoint protocol"); recovery
-/// settles each case from the marker.
+/// an ordinary checkpoint is written (committed) and fsynced only after the commit, on the
+/// store's writer thread (docs/design.md, "The checkpoint protocol"); recovery settles each case
+/// from the marker.
 const STEPS: [(&str, bool, &[&str]); 6] = [
     (
         "after-produce",

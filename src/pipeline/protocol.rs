@@ -38,27 +38,20 @@ pub(crate) trait EpochSink {
 
 /// The checkpoint store as the protocol sees it.
 pub(crate) trait EpochStore {
-    /// Waits for the fsync the previous checkpoint started after its commit.
-    fn wait_synced(&self) -> Result<()>;
+    /// Durably, before the commit: only a checkpoint that names a savepoint has one.
     fn write_pending(&self, c: &Checkpoint) -> Result<()>;
-    fn mark_committed(&self, id: u64) -> Result<()>;
-    /// Starts the fsync of everything written so far, and returns without waiting for it.
-    fn sync_in_background(&self) -> Result<()>;
+    /// After the commit: the committed write and its fsync, off the checkpoint's path.
+    fn commit_in_background(&self, c: &Checkpoint) -> Result<()>;
+    /// Durably, in line.
     fn put_committed(&self, c: &Checkpoint) -> Result<()>;
 }
 
 impl EpochStore for Arc<CheckpointStore> {
-    fn wait_synced(&self) -> Result<()> {
-        Ok(CheckpointStore::wait_synced(self)?)
-    }
     fn write_pending(&self, c: &Checkpoint) -> Result<()> {
         Ok(CheckpointStore::write_pending(self, c)?)
     }
-    fn mark_committed(&self, id: u64) -> Result<()> {
-        Ok(CheckpointStore::mark_committed(self, id)?)
-    }
-    fn sync_in_background(&self) -> Result<()> {
-        Ok(CheckpointStore::sync_in_background(self)?)
+    fn commit_in_background(&self, c: &Checkpoint) -> Result<()> {
+        Ok(CheckpointStore::commit_in_background(self, c)?)
     }
     fn put_committed(&self, c: &Checkpoint) -> Result<()> {
         Ok(CheckpointStore::put_committed(self, c)?)
@@ -77,9 +70,9 @@ pub(crate) struct Progress {
     pub checkpointed_ahead: bool,
     /// How long the transaction's commit took.
     pub commit_took: Option<Duration>,
-    /// How long the flush and the store's part took (exactly-once: the wait for the previous
-    /// checkpoint's fsync and the pending write), for the log line that says where a
-    /// checkpoint's time went.
+    /// How long the flush and the store's part took (exactly-once: handing the committed
+    /// checkpoint to the writer thread, or a savepoint's two durable writes), for the log line
+    /// that says where a checkpoint's time went.
     pub flush_took: Option<Duration>,
     pub store_took: Option<Duration>,
     /// How long the identity verdict still waited for the clusters' answer.
@@ -90,8 +83,8 @@ pub(crate) struct Progress {
 #[allow(clippy::enum_variant_names)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Protocol {
-    /// Marker, flush, offset mapping, pending checkpoint, commit, committed checkpoint; recovery by the newest
-    /// committed marker.
+    /// Marker, flush, offset mapping, commit, committed checkpoint (written after the commit);
+    /// recovery by the newest committed marker.
     ExactlyOnce,
     /// No transactions: positions checkpointed once the output is flushed; a crash writes the
     /// epoch again.
@@ -158,16 +151,21 @@ impl Protocol {
             Protocol::ExactlyOnce => {
                 sink.send_marker(&marker_of(c))?;
                 failpoint::hit_at("after-marker", c.id);
-                // The pending checkpoint proves nothing until the marker commits, and recovery
-                // adopts the marker's positions when it is missing: it is written without an
-                // fsync, and made durable with its committed mark after the commit.
-                let t = Instant::now();
-                store.write_pending(&Checkpoint {
-                    state: CheckpointState::Pending,
-                    ..c.clone()
-                })?;
-                let wrote = t.elapsed();
-                progress.pending = Some(c.id);
+                // No pending write for an ordinary checkpoint: the marker commits with the
+                // transaction and recovery adopts its positions when sled lacks them, so sled
+                // needs the checkpoint only after the commit, and then off this path. A savepoint's
+                // name is written durably first: the operator is told about it after the commit.
+                let named = c.savepoint.is_some();
+                let mut store_took = Duration::ZERO;
+                if named {
+                    let t = Instant::now();
+                    store.write_pending(&Checkpoint {
+                        state: CheckpointState::Pending,
+                        ..c.clone()
+                    })?;
+                    store_took = t.elapsed();
+                    progress.pending = Some(c.id);
+                }
                 failpoint::hit_at("after-precommit", c.id);
                 let t = Instant::now();
                 sink.flush(deadline)?;
@@ -177,20 +175,20 @@ impl Protocol {
                 sink.verify()?;
                 progress.verify_took = Some(t.elapsed());
                 sink.send_offset_mapping(c)?;
-                // The previous checkpoint's fsync, started after its commit, has had the whole
-                // epoch and this flush: nearly always done. Waiting for it keeps one fsync at a
-                // time, and at most one committed checkpoint not yet durable in sled.
-                let t = Instant::now();
-                store.wait_synced()?;
-                progress.store_took = Some(wrote + t.elapsed());
                 let t = Instant::now();
                 sink.commit(deadline)?;
                 progress.commit_took = Some(t.elapsed());
                 failpoint::hit_at("after-commit", c.id);
                 progress.pending = None;
-                store.mark_committed(c.id)?;
+                let t = Instant::now();
+                if named {
+                    // In line, so that the savepoint is listed by the time the operator hears of it.
+                    store.put_committed(c)?;
+                } else {
+                    store.commit_in_background(c)?;
+                }
+                progress.store_took = Some(store_took + t.elapsed());
                 failpoint::hit_at("after-mark-committed", c.id);
-                store.sync_in_background()?;
             }
             Protocol::AtLeastOnce => {
                 sink.flush(deadline)?;
@@ -313,22 +311,20 @@ mod tests {
     }
 
     impl EpochStore for FakeStore {
-        fn wait_synced(&self) -> Result<()> {
-            step(&self.log, self.fail, "wait_synced")
-        }
-        fn sync_in_background(&self) -> Result<()> {
-            step(&self.log, self.fail, "sync_in_background")
-        }
         fn write_pending(&self, c: &Checkpoint) -> Result<()> {
             assert_eq!((c.id, c.state), (7, CheckpointState::Pending));
+            assert!(
+                c.savepoint.is_some(),
+                "only a savepoint has a pending write"
+            );
             step(&self.log, self.fail, "write_pending")
         }
-        fn mark_committed(&self, id: u64) -> Result<()> {
-            assert_eq!(id, 7);
-            step(&self.log, self.fail, "mark_committed")
+        fn commit_in_background(&self, c: &Checkpoint) -> Result<()> {
+            assert_eq!((c.id, c.state), (7, CheckpointState::Committed));
+            step(&self.log, self.fail, "commit_in_background")
         }
         fn put_committed(&self, c: &Checkpoint) -> Result<()> {
-            assert_eq!((c.id, c.state), (7, CheckpointState::Committed));
+            assert_eq!(c.id, 7);
             step(&self.log, self.fail, "put_committed")
         }
     }
@@ -373,6 +369,15 @@ mod tests {
         fail: Option<&'static str>,
         flush_error: fn() -> BridgeError,
     ) -> (Vec<String>, Result<()>, Progress) {
+        run_on(p, fail, flush_error, &checkpoint())
+    }
+
+    fn run_on(
+        p: Protocol,
+        fail: Option<&'static str>,
+        flush_error: fn() -> BridgeError,
+        c: &Checkpoint,
+    ) -> (Vec<String>, Result<()>, Progress) {
         let log: Log = Rc::default();
         let mut sink = FakeSink {
             log: log.clone(),
@@ -385,47 +390,76 @@ mod tests {
         };
         let mut progress = Progress::default();
         let deadline = Instant::now() + Duration::from_secs(5);
-        let result = p.complete(&mut sink, &store, &checkpoint(), deadline, &mut progress);
+        let result = p.complete(&mut sink, &store, c, deadline, &mut progress);
         let calls = log.borrow().clone();
         (calls, result, progress)
     }
 
-    const EXACTLY_ONCE: [&str; 9] = [
+    const EXACTLY_ONCE: [&str; 6] = [
+        "send_marker",
+        "flush",
+        "verify",
+        "send_offset_mapping",
+        "commit",
+        "commit_in_background",
+    ];
+
+    /// A checkpoint that names a savepoint: its name is durable before the commit, and its
+    /// committed write is in line.
+    const EXACTLY_ONCE_SAVEPOINT: [&str; 7] = [
         "send_marker",
         "write_pending",
         "flush",
         "verify",
         "send_offset_mapping",
-        "wait_synced",
         "commit",
-        "mark_committed",
-        "sync_in_background",
+        "put_committed",
     ];
 
+    fn savepoint() -> Checkpoint {
+        Checkpoint {
+            savepoint: Some("sp".into()),
+            ..checkpoint()
+        }
+    }
+
     #[test]
-    fn exactly_once_commits_only_after_the_marker_the_pending_checkpoint_and_the_flush() {
+    fn exactly_once_commits_after_the_marker_and_the_flush_and_writes_sled_only_after_the_commit() {
         let (calls, result, progress) = run(Protocol::ExactlyOnce, None, timeout);
         result.unwrap();
         assert_eq!(calls, EXACTLY_ONCE);
         assert_eq!(progress.pending, None);
         assert!(!progress.checkpointed_ahead);
         assert!(progress.commit_took.is_some());
+
+        let (calls, result, progress) = run_on(Protocol::ExactlyOnce, None, timeout, &savepoint());
+        result.unwrap();
+        assert_eq!(calls, EXACTLY_ONCE_SAVEPOINT);
+        assert_eq!(progress.pending, None);
     }
 
     #[test]
-    fn exactly_once_stops_at_a_failed_step_and_leaves_a_pending_checkpoint_only_around_the_commit()
-    {
-        for (i, failing) in EXACTLY_ONCE.iter().enumerate() {
-            let (calls, result, progress) = run(Protocol::ExactlyOnce, Some(failing), timeout);
-            assert!(result.is_err(), "{failing}");
-            assert_eq!(calls, EXACTLY_ONCE[..=i], "{failing}");
-            // The pending checkpoint is written and its transaction not known committed: the abort
-            // path must discard it. After the commit, recovery confirms it from the marker.
-            let committed = ["mark_committed", "sync_in_background"].contains(failing);
-            let pending = (i > 1 && !committed).then_some(7);
-            assert_eq!(progress.pending, pending, "{failing}");
-            assert!(!progress.checkpointed_ahead, "{failing}");
-            assert_eq!(progress.commit_took.is_some(), committed, "{failing}");
+    fn exactly_once_stops_at_a_failed_step_and_leaves_a_pending_checkpoint_only_for_a_savepoint_before_the_commit(
+    ) {
+        for (steps, c) in [
+            (&EXACTLY_ONCE[..], checkpoint()),
+            (&EXACTLY_ONCE_SAVEPOINT[..], savepoint()),
+        ] {
+            for (i, failing) in steps.iter().enumerate() {
+                let (calls, result, progress) =
+                    run_on(Protocol::ExactlyOnce, Some(failing), timeout, &c);
+                assert!(result.is_err(), "{failing}");
+                assert_eq!(calls, steps[..=i], "{failing}");
+                let committed = ["commit_in_background", "put_committed"].contains(failing);
+                // A savepoint's pending checkpoint is written and its transaction not known
+                // committed: the abort path must discard it. After the commit, recovery adopts or
+                // confirms it from the marker.
+                let wrote_pending = steps[..i].contains(&"write_pending");
+                let pending = (wrote_pending && !committed).then_some(7);
+                assert_eq!(progress.pending, pending, "{failing}");
+                assert!(!progress.checkpointed_ahead, "{failing}");
+                assert_eq!(progress.commit_took.is_some(), committed, "{failing}");
+            }
         }
     }
 
@@ -490,11 +524,18 @@ mod tests {
             let (calls, result, progress) = run(p, Some("flush"), bad_record);
             assert!(matches!(result, Err(BridgeError::Delivery { .. })), "{p:?}");
             assert_eq!(calls.last().map(String::as_str), Some("flush"), "{p:?}");
-            // Exactly-once wrote its pending checkpoint before the flush: the abort path
-            // discards it.
-            let pending = (p == Protocol::ExactlyOnce).then_some(7);
-            assert_eq!(progress.pending, pending, "{p:?}");
+            // Nothing of the checkpoint is in the store yet.
+            assert_eq!(progress.pending, None, "{p:?}");
         }
+        // A savepoint's pending checkpoint is: the abort path discards it.
+        let (_, result, progress) = run_on(
+            Protocol::ExactlyOnce,
+            Some("flush"),
+            bad_record,
+            &savepoint(),
+        );
+        assert!(matches!(result, Err(BridgeError::Delivery { .. })));
+        assert_eq!(progress.pending, Some(7));
     }
 
     #[test]

@@ -39,6 +39,8 @@ impl Pipeline<'_> {
             s.state = RunState::Recovering;
             s.partitions_assigned = false;
         });
+        // After a rebuild the last commits' checkpoints may still be on the store's writer thread.
+        self.store.wait_synced()?;
         let loaded = self.store.load()?;
         for c in &loaded.corrupt {
             warn!(key = %c.key, id = ?c.id, reason = %c.reason, "skipping a corrupt checkpoint");
