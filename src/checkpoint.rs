@@ -448,14 +448,11 @@ impl CheckpointStore {
                 }
                 std::mem::take(&mut b.queued)
             };
+            // The writers' lock covers the read-modify-write of the batch, not the fsync.
             let written = {
-                let mut files = self.lock();
-                self.committed_batch(&round).and_then(|batch| {
-                    self.db.apply_batch(batch).map_err(|e| self.db_error(e))?;
-                    // The writers' lock is not held over the fsync: a savepoint's or recovery's
-                    // write may go on meanwhile (the next fsync covers it).
-                    self.sync_new_blobs(&mut files)
-                })
+                let _files = self.lock();
+                self.committed_batch(&round)
+                    .and_then(|batch| self.db.apply_batch(batch).map_err(|e| self.db_error(e)))
             };
             if let Err(e) = written.and_then(|()| self.sync_now()) {
                 self.background_state().running = false;
