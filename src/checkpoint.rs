@@ -356,8 +356,7 @@ impl CheckpointStore {
     /// checkpoint has no pending write: the commit marker proves its commit and recovery adopts
     /// the marker's positions when sled lacks it (docs/design.md, "The checkpoint protocol").
     pub fn write_pending(&self, c: &Checkpoint) -> Result<(), StoreError> {
-        self.wait_synced()?;
-        let mut files = self.lock();
+        let mut files = self.lock_after_writer()?;
         match self.get(c.id) {
             Ok(Some(existing)) if existing.state == CheckpointState::Committed => {
                 return Err(StoreError::AlreadyCommitted {
@@ -380,8 +379,7 @@ impl CheckpointStore {
     /// is marked committed and pruned after, in one durable batch. Marking an already committed
     /// checkpoint again is harmless.
     pub fn mark_committed(&self, id: u64) -> Result<(), StoreError> {
-        self.wait_synced()?;
-        let mut files = self.lock();
+        let mut files = self.lock_after_writer()?;
         let mut c = self.get(id)?.ok_or_else(|| StoreError::NotFound {
             dir: self.dir.clone(),
             id,
@@ -413,7 +411,6 @@ impl CheckpointStore {
         }
         // Done, or about to return (it decided so under this lock): joining does not wait.
         if let Some(done) = b.thread.take() {
-            b.running = false;
             self.joined(done)?;
         }
         b.queued.push(committed);
@@ -508,8 +505,7 @@ impl CheckpointStore {
     /// a savepoint, or a checkpoint adopted from a commit marker) and prunes, in one durable
     /// batch, after every checkpoint handed to `commit_in_background` is in.
     pub fn put_committed(&self, c: &Checkpoint) -> Result<(), StoreError> {
-        self.wait_synced()?;
-        let mut files = self.lock();
+        let mut files = self.lock_after_writer()?;
         let mut committed = c.clone();
         committed.state = CheckpointState::Committed;
         self.commit_with_retention(&mut files, &committed)
@@ -564,8 +560,7 @@ impl CheckpointStore {
     /// Drops a pending checkpoint that was never committed. A missing id is not an error, so a
     /// discard interrupted by a crash can simply be repeated.
     pub fn discard(&self, id: u64) -> Result<(), StoreError> {
-        self.wait_synced()?;
-        let mut files = self.lock();
+        let mut files = self.lock_after_writer()?;
         match self.get(id)? {
             None => Ok(()),
             Some(c) if c.state == CheckpointState::Committed => Err(StoreError::AlreadyCommitted {
@@ -626,6 +621,14 @@ impl CheckpointStore {
         batch.insert(key.clone(), bytes);
         self.apply_durably(&mut files, batch)?;
         Ok(std::str::from_utf8(&key).ok().and_then(id_from_key))
+    }
+
+    /// The writers' lock for a write outside the writer thread: taken once every checkpoint handed
+    /// to `commit_in_background` is in, so that sled sees writes in commit order. Only for the
+    /// pipeline's own thread (and offline commands): `wait_synced` collects the writer thread.
+    fn lock_after_writer(&self) -> Result<MutexGuard<'_, DurableFiles>, StoreError> {
+        self.wait_synced()?;
+        Ok(self.lock())
     }
 
     fn lock(&self) -> MutexGuard<'_, DurableFiles> {
