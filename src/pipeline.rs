@@ -42,7 +42,7 @@ use crate::savepoint::{Restore, Savepoint};
 use crate::sink::{
     is_permanent_record_error, InFlightLimit, Openers, Origin, Sink, SinkSettings, SourceRef,
 };
-use crate::source::{record_bytes, Source};
+use crate::source::{record_bytes, topic_handle, Source};
 use crate::status::{self, PartitionStatus, RunState, SharedStatus};
 use crate::transform::{Route, Router};
 
@@ -366,6 +366,9 @@ struct EpochStats {
 /// were ~5 % of the bridge's CPU (bench/results/20261201-profile-eos-100b-1s-s6-before.txt).
 struct Lane {
     topic: Arc<str>,
+    /// The topic's librdkafka handle (`source::topic_handle`): records of the lane's topic carry
+    /// the same one, so the per-record check needs no name.
+    topic_handle: usize,
     partition: i32,
     route: Route,
     /// The sink's slot for the partition, for records' packed origins.
@@ -377,11 +380,18 @@ struct Lane {
 }
 
 impl Lane {
-    fn open(topic: Arc<str>, partition: i32, router: &mut Router, sink: &mut Sink) -> Lane {
+    fn open(
+        topic: Arc<str>,
+        topic_handle: usize,
+        partition: i32,
+        router: &mut Router,
+        sink: &mut Sink,
+    ) -> Lane {
         let route = router.route_of(&topic);
         let slot = sink.source_slot(&topic, partition);
         Lane {
             topic,
+            topic_handle,
             partition,
             route,
             slot,
@@ -977,12 +987,14 @@ impl<'a> Pipeline<'a> {
         // records into the final epoch.
         let mut unchecked: u32 = 0;
         let mut lane: Option<Lane> = None;
-        // Read every CHECK_EVERY records and whenever the loop has to wait, not per record: at
-        // 100 B the clock was 7 % of the bridge's CPU samples (one read here, the rest in rdkafka
-        // and librdkafka; bench/results/20261202-profile-eos-100b-1s-s13-bridge.txt). While records
-        // are ready the barrier is seen at most CHECK_EVERY records late, a fraction of a
-        // millisecond; any wait (for the in-flight limit, for a record) reads it afresh.
+        // Read every CHECK_EVERY records and whenever the loop or a send has waited, not per
+        // record: at 100 B the clock was 7 % of the bridge's CPU samples (one read here, the rest
+        // in rdkafka and librdkafka; bench/results/20261202-profile-eos-100b-1s-s13-bridge.txt).
+        // While records are ready the barrier is seen at most CHECK_EVERY records late, a
+        // fraction of a millisecond; any wait (for the in-flight limit, for room in the
+        // producer's queue, for a record) reads it afresh.
         let mut now = Instant::now();
+        let mut queue_full_waits = self.sink.queue_full_waits();
         loop {
             if unchecked == 0 {
                 now = Instant::now();
@@ -1053,9 +1065,10 @@ impl<'a> Pipeline<'a> {
                 }
                 Some(Ok(m)) => m,
             };
+            let handle = topic_handle(&msg);
             let in_lane = lane
                 .as_ref()
-                .is_some_and(|l| l.partition == msg.partition() && *l.topic == *msg.topic());
+                .is_some_and(|l| l.partition == msg.partition() && l.topic_handle == handle);
             if !in_lane {
                 if let Some(done) = lane.take() {
                     done.close(&mut read.positions, stats);
@@ -1063,7 +1076,13 @@ impl<'a> Pipeline<'a> {
             }
             let l = lane.get_or_insert_with(|| {
                 let topic = interned(&mut self.topic_names, msg.topic());
-                Lane::open(topic, msg.partition(), &mut self.router, &mut self.sink)
+                Lane::open(
+                    topic,
+                    handle,
+                    msg.partition(),
+                    &mut self.router,
+                    &mut self.sink,
+                )
             });
             l.next_offset = msg.offset() + 1;
             l.consumed += 1;
@@ -1110,6 +1129,13 @@ impl<'a> Pipeline<'a> {
                 ts,
                 l.origin(msg.offset()),
             )?;
+            // A send that waited for room in the producer's queue took time: look at the clock
+            // (and the rest) before the next record.
+            let waits = self.sink.queue_full_waits();
+            if waits != queue_full_waits {
+                queue_full_waits = waits;
+                unchecked = 0;
+            }
             if count == 1 {
                 failpoint::hit_at("after-produce", self.last_id + 1);
             }

@@ -14,14 +14,15 @@
 //! briefly for the delivery reports that say which record really failed.
 
 use std::collections::HashMap;
-use std::ffi::c_void;
+use std::ffi::{c_void, CStr};
 use std::sync::atomic::{self, AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
+use rdkafka::bindings::rd_kafka_topic_name;
 use rdkafka::config::ClientConfig;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
-use rdkafka::message::{Message, OwnedHeaders, ToBytes};
+use rdkafka::message::{BorrowedMessage, Message, OwnedHeaders, ToBytes};
 use rdkafka::producer::{BaseRecord, DeliveryResult, Producer, ProducerContext, ThreadedProducer};
 use rdkafka::util::IntoOpaque;
 use rdkafka::ClientContext;
@@ -349,7 +350,7 @@ impl ProducerContext for SinkContext {
                             topic,
                             partition,
                             offset,
-                            msg.topic(),
+                            reported_topic(msg),
                             msg.partition(),
                             msg.offset(),
                         );
@@ -360,6 +361,19 @@ impl ProducerContext for SinkContext {
         }
         // After the failure is recorded: a woken waiter must see it.
         self.reported(bytes as u64);
+    }
+}
+
+/// The topic a delivery report is for. `Message::topic()` would check that the name is UTF-8 on
+/// every report (~125 instructions per record at 100 B: bench/README.md, "Session 15"); this
+/// producer only writes to topics named by a Rust `&str`, so the name librdkafka hands back, its
+/// copy of that string, is UTF-8.
+fn reported_topic<'m>(msg: &'m BorrowedMessage<'_>) -> &'m str {
+    // SAFETY: the report's message and its topic handle live as long as `msg`;
+    // rd_kafka_topic_name returns the handle's NUL-terminated name, valid as long as the handle.
+    unsafe {
+        let name = CStr::from_ptr(rd_kafka_topic_name((*msg.ptr()).rkt));
+        std::str::from_utf8_unchecked(name.to_bytes())
     }
 }
 
@@ -475,6 +489,10 @@ pub(crate) struct Sink {
     /// transaction this producer committed: the one an opener restates.
     sent_marker: Option<Vec<u8>>,
     committed_marker: Option<Vec<u8>>,
+    /// Sends that found librdkafka's queue full and waited for room. The read loop reads the clock
+    /// every 64 records, and again after such a wait: 64 sends that each wait for a slow sink's
+    /// delivery reports could otherwise take it well past its barrier.
+    queue_full_waits: AtomicU64,
 }
 
 /// Records sent with an epoch's first output record only so that the marker partition and the
@@ -568,6 +586,7 @@ impl Sink {
             openers: None,
             sent_marker: None,
             committed_marker: None,
+            queue_full_waits: AtomicU64::new(0),
         };
         sink.init_transactions(deadline)?;
         Ok(sink)
@@ -887,6 +906,7 @@ impl Sink {
                     self.producer.context().unsent(bytes as u64);
                     match e {
                         KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull) => {
+                            self.queue_full_waits.fetch_add(1, Ordering::Relaxed);
                             record = back;
                             let ctx = self.producer.context();
                             ctx.wait_report(Duration::from_millis(5), || false);
@@ -896,6 +916,11 @@ impl Sink {
                 }
             }
         }
+    }
+
+    /// How many sends have waited for room in librdkafka's queue, ever (see the field).
+    pub(crate) fn queue_full_waits(&self) -> u64 {
+        self.queue_full_waits.load(Ordering::Relaxed)
     }
 
     /// Key and payload bytes handed to the producer and not yet acknowledged (or failed).

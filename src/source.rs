@@ -134,6 +134,21 @@ impl Selection {
 }
 
 /// Key and payload bytes of a record: what the epoch's size bound and the read-ahead bound count.
+/// Which topic a consumed record is from, without reading the topic's name: the address of
+/// librdkafka's handle for the topic. `Message::topic()` measures the name and checks that it is
+/// UTF-8 on every call, ~160 instructions per record at 100 B for a check the read loop makes
+/// per record (bench/README.md, "Session 15").
+///
+/// Equal handles are the same topic for as long as the topic stays assigned: every assigned
+/// partition holds a reference to its topic's handle, so no other topic's handle can take that
+/// address meanwhile. The read loop compares handles within one epoch only, and the assignment
+/// changes only between epochs (on the pipeline's own thread).
+pub(crate) fn topic_handle(m: &BorrowedMessage<'_>) -> usize {
+    // SAFETY: `ptr` is the live message `m` borrows; only its topic handle field is read, and the
+    // address is only compared, never dereferenced.
+    unsafe { (*m.ptr()).rkt as usize }
+}
+
 pub(crate) fn record_bytes(m: &impl Message) -> u64 {
     (m.key().map_or(0, <[u8]>::len) + m.payload().map_or(0, <[u8]>::len)) as u64
 }
