@@ -133,7 +133,6 @@ impl Selection {
     }
 }
 
-/// Key and payload bytes of a record: what the epoch's size bound and the read-ahead bound count.
 /// Which topic a consumed record is from, without reading the topic's name: the address of
 /// librdkafka's handle for the topic. `Message::topic()` measures the name and checks that it is
 /// UTF-8 on every call, ~160 instructions per record at 100 B for a check the read loop makes
@@ -149,6 +148,7 @@ pub(crate) fn topic_handle(m: &BorrowedMessage<'_>) -> usize {
     unsafe { (*m.ptr()).rkt as usize }
 }
 
+/// Key and payload bytes of a record: what the epoch's size bound and the read-ahead bound count.
 pub(crate) fn record_bytes(m: &impl Message) -> u64 {
     (m.key().map_or(0, <[u8]>::len) + m.payload().map_or(0, <[u8]>::len)) as u64
 }
