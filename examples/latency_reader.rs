@@ -33,6 +33,11 @@ struct Args {
     /// librdkafka fetch.wait.max.ms: the longest the broker holds a fetch with nothing new.
     #[arg(long, default_value = "10")]
     fetch_wait_ms: String,
+    /// Also write every counted record to this file, a line each: µs visible, µs scheduled,
+    /// partition. For finding where a tail comes from (which commits were late, and when); tens
+    /// of MB per 20 s run, so bench/run does not ask for it.
+    #[arg(long)]
+    dump: Option<std::path::PathBuf>,
 }
 
 fn main() {
@@ -58,6 +63,9 @@ fn main() {
     let mut spread = Histogram::<u64>::new_with_bounds(1, 3_600_000_000, 3).unwrap();
     let mut burst_start: Option<u64> = None;
     let (mut seen, mut counted, mut before, mut after) = (0u64, 0u64, 0u64, 0u64);
+    let mut dump = a.dump.as_ref().map(|p| {
+        std::io::BufWriter::new(std::fs::File::create(p).expect("create the --dump file"))
+    });
     while now_us() < a.until_us {
         let m = match consumer.poll(Duration::from_millis(50)) {
             None => {
@@ -87,8 +95,16 @@ fn main() {
             continue;
         }
         counted += 1;
+        if let Some(f) = dump.as_mut() {
+            use std::io::Write;
+            writeln!(f, "{now} {stamp} {}", m.partition()).expect("write the --dump file");
+        }
         h.saturating_record(now.saturating_sub(stamp).max(1));
         spread.saturating_record(now.saturating_sub(first).max(1));
+    }
+    if let Some(f) = dump.as_mut() {
+        use std::io::Write;
+        f.flush().expect("write the --dump file");
     }
     let ms = |q: f64| h.value_at_quantile(q) as f64 / 1000.0;
     println!(
