@@ -1220,6 +1220,7 @@ impl<'a> Pipeline<'a> {
             checkpoint = c.id,
             total_ms = ms(Some(barrier.elapsed())),
             verify_ms = ms(progress.verify_took),
+            marker_ms = ms(progress.marker_took),
             flush_ms = ms(progress.flush_took),
             store_ms = ms(progress.store_took),
             commit_ms = ms(progress.commit_took),

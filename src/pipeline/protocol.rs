@@ -77,6 +77,9 @@ pub(crate) struct Progress {
     pub store_took: Option<Duration>,
     /// How long the identity verdict still waited for the clusters' answer.
     pub verify_took: Option<Duration>,
+    /// How long the marker took to enter the producer's queue: it waits there for room when the
+    /// epoch's last sends filled the queue, which is waiting on the broker as much as the flush.
+    pub marker_took: Option<Duration>,
 }
 
 /// One delivery mode's protocol, named as `bridge.delivery` names the modes.
@@ -149,7 +152,9 @@ impl Protocol {
         debug_assert_eq!(c.state, CheckpointState::Committed);
         match self {
             Protocol::ExactlyOnce => {
+                let t = Instant::now();
                 sink.send_marker(&marker_of(c))?;
+                progress.marker_took = Some(t.elapsed());
                 failpoint::hit_at("after-marker", c.id);
                 // No pending write for an ordinary checkpoint: the marker commits with the
                 // transaction and recovery adopts its positions when sled lacks them, so sled
