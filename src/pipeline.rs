@@ -1170,6 +1170,9 @@ impl<'a> Pipeline<'a> {
         };
         let stop = AtomicBool::new(false);
         let (source_admin, admin) = (Arc::clone(&self.source_admin), Arc::clone(&self.admin));
+        // From the barrier to the protocol's first step: the positions, the checkpoint and the
+        // two helper threads; reported beside the steps.
+        let mut prepared = Duration::ZERO;
         let result = std::thread::scope(|scope| {
             // The topic ids the commit must wait for: two metadata round trips, asked now so that
             // they overlap the flush instead of preceding it.
@@ -1200,6 +1203,7 @@ impl<'a> Pipeline<'a> {
                 held,
                 identity,
             };
+            prepared = barrier.elapsed();
             let result = protocol.complete(&mut output, &store, c, deadline, &mut progress);
             stop.store(true, Ordering::Release);
             result
@@ -1219,8 +1223,10 @@ impl<'a> Pipeline<'a> {
         debug!(
             checkpoint = c.id,
             total_ms = ms(Some(barrier.elapsed())),
+            prepare_ms = ms(Some(prepared)),
             verify_ms = ms(progress.verify_took),
             marker_ms = ms(progress.marker_took),
+            mapping_ms = ms(progress.mapping_took),
             flush_ms = ms(progress.flush_took),
             store_ms = ms(progress.store_took),
             commit_ms = ms(progress.commit_took),

@@ -77,9 +77,11 @@ pub(crate) struct Progress {
     pub store_took: Option<Duration>,
     /// How long the identity verdict still waited for the clusters' answer.
     pub verify_took: Option<Duration>,
-    /// How long the marker took to enter the producer's queue: it waits there for room when the
-    /// epoch's last sends filled the queue, which is waiting on the broker as much as the flush.
+    /// How long the marker took to enter the producer's queue: it can wait there for room when
+    /// the epoch's last sends filled the queue, which is waiting on the broker like the flush.
     pub marker_took: Option<Duration>,
+    /// How long the offset mapping took to build and enqueue (its delivery is in the commit).
+    pub mapping_took: Option<Duration>,
 }
 
 /// One delivery mode's protocol, named as `bridge.delivery` names the modes.
@@ -179,7 +181,9 @@ impl Protocol {
                 let t = Instant::now();
                 sink.verify()?;
                 progress.verify_took = Some(t.elapsed());
+                let t = Instant::now();
                 sink.send_offset_mapping(c)?;
+                progress.mapping_took = Some(t.elapsed());
                 let t = Instant::now();
                 sink.commit(deadline)?;
                 progress.commit_took = Some(t.elapsed());
