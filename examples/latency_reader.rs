@@ -10,6 +10,7 @@
 
 mod common;
 
+use std::io::Write;
 use std::time::Duration;
 
 use clap::Parser;
@@ -96,14 +97,12 @@ fn main() {
         }
         counted += 1;
         if let Some(f) = dump.as_mut() {
-            use std::io::Write;
             writeln!(f, "{now} {stamp} {}", m.partition()).expect("write the --dump file");
         }
         h.saturating_record(now.saturating_sub(stamp).max(1));
         spread.saturating_record(now.saturating_sub(first).max(1));
     }
     if let Some(f) = dump.as_mut() {
-        use std::io::Write;
         f.flush().expect("write the --dump file");
     }
     let ms = |q: f64| h.value_at_quantile(q) as f64 / 1000.0;

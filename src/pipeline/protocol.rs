@@ -84,6 +84,14 @@ pub(crate) struct Progress {
     pub mapping_took: Option<Duration>,
 }
 
+/// Runs one step of the protocol and, when it succeeds, keeps how long it took in `took`.
+fn timed(took: &mut Option<Duration>, step: impl FnOnce() -> Result<()>) -> Result<()> {
+    let t = Instant::now();
+    step()?;
+    *took = Some(t.elapsed());
+    Ok(())
+}
+
 /// One delivery mode's protocol, named as `bridge.delivery` names the modes.
 #[allow(clippy::enum_variant_names)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -154,9 +162,9 @@ impl Protocol {
         debug_assert_eq!(c.state, CheckpointState::Committed);
         match self {
             Protocol::ExactlyOnce => {
-                let t = Instant::now();
-                sink.send_marker(&marker_of(c))?;
-                progress.marker_took = Some(t.elapsed());
+                timed(&mut progress.marker_took, || {
+                    sink.send_marker(&marker_of(c))
+                })?;
                 failpoint::hit_at("after-marker", c.id);
                 // No pending write for an ordinary checkpoint: the marker commits with the
                 // transaction and recovery adopts its positions when sled lacks them, so sled
@@ -174,19 +182,11 @@ impl Protocol {
                     progress.pending = Some(c.id);
                 }
                 failpoint::hit_at("after-precommit", c.id);
-                let t = Instant::now();
-                sink.flush(deadline)?;
-                progress.flush_took = Some(t.elapsed());
+                timed(&mut progress.flush_took, || sink.flush(deadline))?;
                 failpoint::hit_at("after-flush", c.id);
-                let t = Instant::now();
-                sink.verify()?;
-                progress.verify_took = Some(t.elapsed());
-                let t = Instant::now();
-                sink.send_offset_mapping(c)?;
-                progress.mapping_took = Some(t.elapsed());
-                let t = Instant::now();
-                sink.commit(deadline)?;
-                progress.commit_took = Some(t.elapsed());
+                timed(&mut progress.verify_took, || sink.verify())?;
+                timed(&mut progress.mapping_took, || sink.send_offset_mapping(c))?;
+                timed(&mut progress.commit_took, || sink.commit(deadline))?;
                 failpoint::hit_at("after-commit", c.id);
                 progress.pending = None;
                 let t = Instant::now();
