@@ -184,6 +184,16 @@ def probe(*args, check=True):
     return r.stdout.strip()
 
 
+def settle_disk():
+    """Writes every dirty page out now and returns the seconds it took. The kernel holds written
+    data for up to 30 s (vm.dirty_expire_centisecs) and then writes it in bursts (here ~2.3 GB in
+    under 5 s after a 3 GB write): a prefill or the previous run's 1 KB drain would otherwise be
+    written out in the middle of the next measurement, beside the broker's appends."""
+    t = time.time()
+    os.sync()
+    return time.time() - t
+
+
 def create_topics(bootstrap, partitions, *topics):
     probe("create", "--bootstrap", bootstrap, "--partitions", partitions, *topics)
 
