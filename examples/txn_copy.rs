@@ -17,7 +17,15 @@
 //! `--side-records` adds the bridge's two per-checkpoint records to the floor, to measure what they
 //! cost: at the barrier one record to partition 0 of `<output>.side` (as the commit marker goes to
 //! its marker partition), and after the flush one to partition 1, waited for before the commit (as
-//! the offset mapping is). Both partitions join each transaction only then, as the bridge's do.
+//! the offset mapping is). Both partitions join each transaction only then, as the bridge's did
+//! until session 11.
+//!
+//! `--openers` (with `--side-records`) sends one more record to each side partition just before an
+//! epoch's first data record, so that both join the transaction with the data, as the bridge's
+//! openers make them do now (docs/design.md, "Side partitions join with the first record").
+//! `--copy-headers` reads each record's headers and copies them, as the bridge must: librdkafka
+//! parses a header count even for a record that has none. With all three, the floor does per
+//! transaction and per record what the bridge's protocol needs of Kafka, and nothing of its own.
 //!
 //! Output on stdout (read by bench/run), like raw_copy's but counting *committed* records:
 //!   READY <epoch ms>
@@ -39,7 +47,7 @@ use std::time::{Duration, Instant};
 use clap::Parser;
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::BaseConsumer;
-use rdkafka::message::Message;
+use rdkafka::message::{Headers, Message};
 use rdkafka::producer::{BaseRecord, Producer, ThreadedProducer};
 
 use common::{
@@ -66,6 +74,12 @@ struct Args {
     /// the flush (the bridge's marker and offset mapping); creates that topic.
     #[arg(long)]
     side_records: bool,
+    /// With --side-records: a record to each side partition before an epoch's first data record.
+    #[arg(long, requires = "side_records")]
+    openers: bool,
+    /// Copy each record's headers (the bridge's data path reads them for every record).
+    #[arg(long)]
+    copy_headers: bool,
 }
 
 type Txp = Arc<ThreadedProducer<Deliveries>>;
@@ -192,6 +206,7 @@ fn main() {
     let mut copied: u64 = 0;
     // With two producers: the commit of the previous epoch, running while this one sends.
     let mut committing: Option<JoinHandle<u64>> = None;
+    let mut opened = false;
     let mut last_barrier = Instant::now();
     let mut epoch_began = last_barrier;
     loop {
@@ -244,6 +259,7 @@ fn main() {
                 .begin_transaction()
                 .expect("begin_transaction");
             epoch_began = Instant::now();
+            opened = false;
             continue;
         }
         let msg = match consumer.poll(barrier_at.saturating_duration_since(now)) {
@@ -255,7 +271,20 @@ fn main() {
             Some(Ok(m)) => m,
         };
         let p = msg.partition();
-        let rec = copy_of(&msg, &a.copy.output);
+        if let (Some(t), true, false) = (&side, a.openers, opened) {
+            for (partition, what) in [(0, &b"opener-marker"[..]), (1, &b"opener-mapping"[..])] {
+                let rec: BaseRecord<'_, [u8], [u8], ()> =
+                    BaseRecord::to(t).partition(partition).payload(what);
+                send_waiting(&*producers[cur], rec, Duration::from_millis(1));
+            }
+            opened = true;
+        }
+        let mut rec = copy_of(&msg, &a.copy.output);
+        if a.copy_headers {
+            if let Some(h) = msg.headers().filter(|h| h.count() > 0) {
+                rec = rec.headers(h.detach());
+            }
+        }
         send_waiting(&*producers[cur], rec, Duration::from_millis(1));
         in_epoch += 1;
         if msg.offset() < target[&p] {
