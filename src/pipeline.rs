@@ -1025,7 +1025,7 @@ impl<'a> Pipeline<'a> {
             // Waited out before a record is read, not after: a record read is in the epoch's
             // positions and must be sent in it. A record may overshoot the limit by its size.
             let limit = self.in_flight.bytes();
-            if !holds && self.sink.in_flight_bytes() >= limit {
+            if !holds && !self.sink.in_flight_below(limit) {
                 if !self.sink.wait_in_flight_below(limit, barrier_at) {
                     break;
                 }

@@ -19,6 +19,7 @@ use std::sync::atomic::{self, AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
+use crossbeam_utils::CachePadded;
 use rdkafka::bindings::rd_kafka_topic_name;
 use rdkafka::config::ClientConfig;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
@@ -182,11 +183,15 @@ const REPORT_WAIT: Duration = Duration::from_millis(2);
 pub(crate) struct SinkContext {
     failed: AtomicBool,
     first_failure: Mutex<Option<DeliveryFailure>>,
-    /// Key and payload bytes handed to librdkafka whose delivery report has not arrived.
-    in_flight_bytes: AtomicU64,
+    /// Key and payload bytes handed to librdkafka, ever, less those it refused; written by the
+    /// sending thread only. The bytes in flight are this less `reported_bytes`: two counters, each
+    /// with one writer and on a cache line of its own, because one in-flight count that both the
+    /// read loop and the delivery thread changed per record moved its cache line between the two
+    /// cores twice per record (docs/design.md, "The read loop").
+    sent_bytes: CachePadded<AtomicU64>,
     /// Key and payload bytes whose delivery report arrived, success or failure, ever: the delivery
-    /// rate is measured from its growth.
-    reported_bytes: AtomicU64,
+    /// rate is measured from its growth. Written by the delivery reports.
+    reported_bytes: CachePadded<AtomicU64>,
     /// Wakes a thread waiting for delivery reports; the mutex only orders the wake-up after the
     /// waiter's check, so that none is lost.
     report_lock: Mutex<()>,
@@ -204,38 +209,36 @@ pub(crate) struct SinkContext {
 
 impl SinkContext {
     fn sent(&self, bytes: u64) {
-        self.in_flight_bytes.fetch_add(bytes, Ordering::AcqRel);
+        self.sent_bytes.fetch_add(bytes, Ordering::AcqRel);
     }
 
-    /// A send librdkafka refused: it never was in flight.
+    /// A send librdkafka refused: it never was in flight, and no report will come for it.
     fn unsent(&self, bytes: u64) {
-        let _ = self
-            .in_flight_bytes
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |v| {
-                Some(v.saturating_sub(bytes))
-            });
+        self.sent_bytes.fetch_sub(bytes, Ordering::AcqRel);
     }
 
     fn reported(&self, bytes: u64) {
-        // Saturating: a report never arrives for more than was sent, but an underflow must not
-        // turn into a limit that blocks forever.
-        let _ = self
-            .in_flight_bytes
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |v| {
-                Some(v.saturating_sub(bytes))
-            });
-        self.reported_bytes.fetch_add(bytes, Ordering::AcqRel);
-        // Pairs with the fence in `wait_report`: either the waiter's check sees this report, or
-        // this load sees the waiter (then the lock orders the notify after its wait began).
-        atomic::fence(Ordering::SeqCst);
+        // Sequentially consistent, with the load of `waiters`, to pair with the fence in
+        // `wait_report`: either the waiter's check (after its fence) sees this report, or this
+        // load sees the waiter (then the lock orders the notify after its wait began).
+        self.reported_bytes.fetch_add(bytes, Ordering::SeqCst);
         if self.waiters.load(Ordering::SeqCst) > 0 {
             drop(self.report_lock.lock().unwrap_or_else(|p| p.into_inner()));
             self.report.notify_all();
         }
     }
 
+    fn sent_bytes(&self) -> u64 {
+        self.sent_bytes.load(Ordering::Acquire)
+    }
+
+    /// Reported first: a report that lands between the two loads makes the result larger than the
+    /// truth, never smaller, so a limit checked against it holds. Saturating: a report never
+    /// arrives for more than was sent, but an underflow must not turn into a limit that blocks
+    /// forever.
     fn in_flight_bytes(&self) -> u64 {
-        self.in_flight_bytes.load(Ordering::Acquire)
+        let reported = self.reported_bytes.load(Ordering::Acquire);
+        self.sent_bytes().saturating_sub(reported)
     }
 
     fn reported_bytes(&self) -> u64 {
@@ -377,6 +380,17 @@ fn reported_topic<'m>(msg: &'m BorrowedMessage<'_>) -> &'m str {
     }
 }
 
+/// Whether `sent` less the reported bytes is below `limit`, reading the reported bytes (`reported`)
+/// only when the count seen last (`seen`, updated) does not already say so; see
+/// [`Sink::in_flight_below`].
+fn below_limit(sent: u64, seen: &mut u64, reported: impl FnOnce() -> u64, limit: u64) -> bool {
+    if sent.saturating_sub(*seen) < limit {
+        return true;
+    }
+    *seen = reported();
+    sent.saturating_sub(*seen) < limit
+}
+
 /// The in-flight limit never goes below this (nor above the configured cap): a few batches, so
 /// that a throttled sink still gets full requests.
 pub(crate) const MIN_IN_FLIGHT_LIMIT: u64 = 64 * 1024;
@@ -493,6 +507,9 @@ pub(crate) struct Sink {
     /// every 64 records, and again after such a wait: 64 sends that each wait for a slow sink's
     /// delivery reports could otherwise take it well past its barrier.
     queue_full_waits: AtomicU64,
+    /// The delivery reports' byte count as `in_flight_below` last read it (see there); 0 for a
+    /// new producer, whose counts start at 0.
+    reported_seen: u64,
 }
 
 /// Records sent with an epoch's first output record only so that the marker partition and the
@@ -587,6 +604,7 @@ impl Sink {
             sent_marker: None,
             committed_marker: None,
             queue_full_waits: AtomicU64::new(0),
+            reported_seen: 0,
         };
         sink.init_transactions(deadline)?;
         Ok(sink)
@@ -652,6 +670,7 @@ impl Sink {
         // Dropping the old producer purges whatever it still had in flight. Only what this
         // producer committed is restated: recovery follows a rebuild and decides afresh.
         self.producer = fresh;
+        self.reported_seen = 0;
         self.committed_marker = None;
         let collecting = self.collecting;
         self.collect_runs(collecting);
@@ -926,6 +945,21 @@ impl Sink {
     /// Key and payload bytes handed to the producer and not yet acknowledged (or failed).
     pub(crate) fn in_flight_bytes(&self) -> u64 {
         self.producer.context().in_flight_bytes()
+    }
+
+    /// Whether fewer than `limit` bytes are in flight: the read loop's check before every record.
+    /// It reads the delivery reports' count only when the count it read last says the limit is
+    /// reached. Reports only lower the bytes in flight, so an old count overstates them and the
+    /// limit holds; and per record the check reads only what this thread writes, not a cache line
+    /// the delivery thread has just written.
+    pub(crate) fn in_flight_below(&mut self, limit: u64) -> bool {
+        let ctx = self.producer.context();
+        below_limit(
+            ctx.sent_bytes(),
+            &mut self.reported_seen,
+            || ctx.reported_bytes(),
+            limit,
+        )
     }
 
     /// Bytes whose delivery report arrived since the producer was built; only differences of it
@@ -1310,6 +1344,55 @@ mod tests {
         // A report for more than is in flight cannot wrap around.
         ctx.reported(10);
         assert_eq!(ctx.in_flight_bytes(), 0);
+    }
+
+    #[test]
+    fn the_limit_check_reads_the_reported_count_only_when_it_must_and_never_overshoots() {
+        let ctx = SinkContext::default();
+        let mut seen = 0;
+        let reads = std::cell::Cell::new(0);
+        let check = |seen: &mut u64, limit| {
+            below_limit(
+                ctx.sent_bytes(),
+                seen,
+                || {
+                    reads.set(reads.get() + 1);
+                    ctx.reported_bytes()
+                },
+                limit,
+            )
+        };
+        ctx.sent(900);
+        assert!(check(&mut seen, 1000));
+        assert_eq!(
+            reads.get(),
+            0,
+            "below the limit on what this thread sent alone"
+        );
+        ctx.sent(200);
+        // 1,100 sent, none reported: at the limit, so the count is read, and it says so.
+        assert!(!check(&mut seen, 1000));
+        assert_eq!(reads.get(), 1);
+        ctx.reported(600);
+        // The stale count (0) says 1,100 in flight; the fresh one 500.
+        assert!(check(&mut seen, 1000));
+        assert_eq!((reads.get(), seen), (2, 600));
+        // Reports that came since are not looked for while the count seen is enough.
+        ctx.reported(500);
+        assert!(check(&mut seen, 1000));
+        assert_eq!((reads.get(), seen), (2, 600));
+        // Whatever the order of sends and reports, the check never says "below" while the bytes
+        // in flight are at or over the limit.
+        for step in 0..200u64 {
+            if step % 3 == 0 {
+                ctx.reported(ctx.in_flight_bytes().min(70));
+            } else {
+                ctx.sent(50);
+            }
+            if check(&mut seen, 1000) {
+                assert!(ctx.in_flight_bytes() < 1000, "step {step}");
+            }
+        }
     }
 
     #[test]
