@@ -271,7 +271,9 @@ fn main() {
             Some(Ok(m)) => m,
         };
         let p = msg.partition();
-        if let (Some(t), true, false) = (&side, a.openers, opened) {
+        // `--openers` requires `--side-records`, so `side` is set whenever it is.
+        if a.openers && !opened {
+            let t = side.as_deref().expect("--openers requires --side-records");
             for (partition, what) in [(0, &b"opener-marker"[..]), (1, &b"opener-mapping"[..])] {
                 let rec: BaseRecord<'_, [u8], [u8], ()> =
                     BaseRecord::to(t).partition(partition).payload(what);
