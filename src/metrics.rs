@@ -4,8 +4,8 @@
 //! metric anywhere else, so /metrics, the dashboard and the alert rules have one list to agree on.
 
 use prometheus::{
-    Counter, Encoder, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec,
-    Opts, Registry, TextEncoder,
+    Counter, CounterVec, Encoder, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge,
+    IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
 pub(crate) struct Metrics {
@@ -29,6 +29,7 @@ pub(crate) struct Metrics {
     pub layout_generation: IntGauge,
     pub in_flight_limit_bytes: IntGauge,
     pub epochs_ended: IntCounterVec,
+    pub read_wait_seconds: CounterVec,
     pub identity_changes: IntCounterVec,
     pub monitor_commits: IntCounterVec,
     pub offset_mapping_runs: IntCounter,
@@ -36,6 +37,10 @@ pub(crate) struct Metrics {
 }
 
 const PREFIX: &str = "eos_bridge";
+
+/// The reasons of `read_wait_seconds_total`: the sink holds reading back (the in-flight limit,
+/// the producer's queue), or the source has nothing to read.
+pub(crate) const READ_WAIT_REASONS: [&str; 3] = ["in_flight_limit", "producer_queue", "source"];
 
 fn opts(name: &str, help: &str) -> Opts {
     Opts::new(name, help).namespace(PREFIX)
@@ -198,6 +203,15 @@ impl Metrics {
                 &["trigger"],
             )
             .unwrap(),
+            read_wait_seconds: CounterVec::new(
+                opts(
+                    "read_wait_seconds_total",
+                    "Time the read loop stood still, by reason: in_flight_limit and producer_queue \
+                     (the sink holds the bridge back), source (nothing to read).",
+                ),
+                &["reason"],
+            )
+            .unwrap(),
             identity_changes: IntCounterVec::new(
                 opts(
                     "identity_changes_total",
@@ -222,6 +236,9 @@ impl Metrics {
         }
         for trigger in ["interval", "size", "shutdown"] {
             m.epochs_ended.with_label_values(&[trigger]);
+        }
+        for reason in READ_WAIT_REASONS {
+            m.read_wait_seconds.with_label_values(&[reason]);
         }
         for reason in crate::error::BridgeError::REASONS {
             m.transactions_aborted.with_label_values(&[reason]);
@@ -264,6 +281,7 @@ impl Metrics {
             Box::new(self.layout_generation.clone()),
             Box::new(self.in_flight_limit_bytes.clone()),
             Box::new(self.epochs_ended.clone()),
+            Box::new(self.read_wait_seconds.clone()),
             Box::new(self.identity_changes.clone()),
             Box::new(self.monitor_commits.clone()),
             Box::new(self.offset_mapping_runs.clone()),
@@ -318,5 +336,15 @@ mod tests {
         );
         assert!(text.contains("eos_bridge_build_info{version=\""));
         assert!(text.contains("process_resident_memory_bytes"));
+    }
+
+    #[test]
+    fn every_read_wait_reason_is_a_series_from_the_start() {
+        let (_, body) = Metrics::new().render();
+        let text = String::from_utf8(body).unwrap();
+        for reason in READ_WAIT_REASONS {
+            let series = format!("eos_bridge_read_wait_seconds_total{{reason=\"{reason}\"}} 0");
+            assert!(text.contains(&series), "{series} missing:\n{text}");
+        }
     }
 }

@@ -348,6 +348,31 @@ struct EpochRead {
     /// What ended the epoch, for `epochs_ended`.
     trigger: &'static str,
     stats: EpochStats,
+    waits: ReadWaits,
+}
+
+/// Where an epoch's reading stood still, and for how long: the split between a sink that holds
+/// the bridge back (the in-flight limit, the producer's queue) and a source with nothing to read.
+/// Clocked only around the waits, never per record.
+#[derive(Clone, Copy, Default)]
+struct ReadWaits {
+    /// From the epoch's start to its barrier.
+    read: Duration,
+    in_flight_limit: Duration,
+    producer_queue: Duration,
+    source: Duration,
+}
+
+impl ReadWaits {
+    /// The time of each reason of `read_wait_seconds_total`.
+    fn by_reason(&self) -> [(&'static str, Duration); 3] {
+        let [a, b, c] = crate::metrics::READ_WAIT_REASONS;
+        [
+            (a, self.in_flight_limit),
+            (b, self.producer_queue),
+            (c, self.source),
+        ]
+    }
 }
 
 /// What an epoch counts, published once its checkpoint committed.
@@ -957,6 +982,7 @@ impl<'a> Pipeline<'a> {
         self.complete(
             &checkpoint,
             read.held,
+            read.waits,
             topics,
             barrier,
             barrier + cfg.checkpoint.timeout,
@@ -974,7 +1000,10 @@ impl<'a> Pipeline<'a> {
             held: Vec::new(),
             trigger: "interval",
             stats: EpochStats::default(),
+            waits: ReadWaits::default(),
         };
+        let read_start = Instant::now();
+        let queue_waited = self.sink.queue_full_waited();
         let stats = &mut read.stats;
         let mut count: u64 = 0;
         let holds = self.protocol.holds_records();
@@ -1026,11 +1055,14 @@ impl<'a> Pipeline<'a> {
             // positions and must be sent in it. A record may overshoot the limit by its size.
             let limit = self.in_flight.bytes();
             if !holds && !self.sink.in_flight_below(limit) {
-                if !self.sink.wait_in_flight_below(limit, barrier_at) {
-                    break;
-                }
+                let waited = Instant::now();
+                let room = self.sink.wait_in_flight_below(limit, barrier_at);
                 // The wait took time: the barrier is looked at against the time after it.
                 now = Instant::now();
+                read.waits.in_flight_limit += now - waited;
+                if !room {
+                    break;
+                }
             }
             let polled = match self.source.poll(Duration::ZERO) {
                 Some(polled) => Some(polled),
@@ -1043,7 +1075,9 @@ impl<'a> Pipeline<'a> {
                     let wait = barrier_at
                         .saturating_duration_since(now)
                         .min(Duration::from_millis(100));
-                    self.source.poll(wait)
+                    let polled = self.source.poll(wait);
+                    read.waits.source += now.elapsed();
+                    polled
                 }
             };
             let msg = match polled {
@@ -1143,6 +1177,15 @@ impl<'a> Pipeline<'a> {
         if let Some(done) = lane {
             done.close(&mut read.positions, &mut read.stats);
         }
+        read.waits.read = read_start.elapsed();
+        read.waits.producer_queue = self.sink.queue_full_waited().saturating_sub(queue_waited);
+        for (reason, took) in read.waits.by_reason() {
+            self.shared
+                .metrics
+                .read_wait_seconds
+                .with_label_values(&[reason])
+                .inc_by(took.as_secs_f64());
+        }
         Ok(read)
     }
 
@@ -1153,6 +1196,7 @@ impl<'a> Pipeline<'a> {
         &mut self,
         c: &Checkpoint,
         held: Vec<OwnedMessage>,
+        waits: ReadWaits,
         topics: Option<(Vec<String>, Vec<String>)>,
         barrier: Instant,
         deadline: Instant,
@@ -1231,6 +1275,10 @@ impl<'a> Pipeline<'a> {
             store_ms = ms(progress.store_took),
             commit_ms = ms(progress.commit_took),
             read_ahead = self.source.read_ahead_records(),
+            read_ms = ms(Some(waits.read)),
+            wait_in_flight_ms = ms(Some(waits.in_flight_limit)),
+            wait_queue_ms = ms(Some(waits.producer_queue)),
+            wait_source_ms = ms(Some(waits.source)),
             ok = result.is_ok(),
             "checkpoint completed"
         );

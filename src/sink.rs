@@ -507,6 +507,8 @@ pub(crate) struct Sink {
     /// every 64 records, and again after such a wait: 64 sends that each wait for a slow sink's
     /// delivery reports could otherwise take it well past its barrier.
     queue_full_waits: AtomicU64,
+    /// The time those sends waited, in nanoseconds: a share of `read_wait_seconds_total`.
+    queue_full_nanos: AtomicU64,
     /// The delivery reports' byte count as `in_flight_below` last read it (see there); 0 for a
     /// new producer, whose counts start at 0.
     reported_seen: u64,
@@ -604,6 +606,7 @@ impl Sink {
             sent_marker: None,
             committed_marker: None,
             queue_full_waits: AtomicU64::new(0),
+            queue_full_nanos: AtomicU64::new(0),
             reported_seen: 0,
         };
         sink.init_transactions(deadline)?;
@@ -928,7 +931,13 @@ impl Sink {
                             self.queue_full_waits.fetch_add(1, Ordering::Relaxed);
                             record = back;
                             let ctx = self.producer.context();
+                            let waited = Instant::now();
                             ctx.wait_report(Duration::from_millis(5), || false);
+                            let nanos = waited.elapsed().as_nanos();
+                            self.queue_full_nanos.fetch_add(
+                                u64::try_from(nanos).unwrap_or(u64::MAX),
+                                Ordering::Relaxed,
+                            );
                         }
                         e => return Err((e, back)),
                     }
@@ -940,6 +949,11 @@ impl Sink {
     /// How many sends have waited for room in librdkafka's queue, ever (see the field).
     pub(crate) fn queue_full_waits(&self) -> u64 {
         self.queue_full_waits.load(Ordering::Relaxed)
+    }
+
+    /// How long sends have waited for room in librdkafka's queue, ever.
+    pub(crate) fn queue_full_waited(&self) -> Duration {
+        Duration::from_nanos(self.queue_full_nanos.load(Ordering::Relaxed))
     }
 
     /// Key and payload bytes handed to the producer and not yet acknowledged (or failed).

@@ -125,6 +125,9 @@ fn a_sink_throttled_by_a_quota_makes_slow_progress_exactly_once() {
     let by_interval = metric("eos_bridge_epochs_ended_total{trigger=\"interval\"}");
     let by_size = metric("eos_bridge_epochs_ended_total{trigger=\"size\"}");
     let limit = metric("eos_bridge_in_flight_limit_bytes");
+    let held = metric("eos_bridge_read_wait_seconds_total{reason=\"in_flight_limit\"}")
+        + metric("eos_bridge_read_wait_seconds_total{reason=\"producer_queue\"}");
+    let starved = metric("eos_bridge_read_wait_seconds_total{reason=\"source\"}");
     let status_limit = bridge.status().expect("status answers")["in_flight_limit_bytes"]
         .as_u64()
         .expect("status names the in-flight limit");
@@ -132,7 +135,8 @@ fn a_sink_throttled_by_a_quota_makes_slow_progress_exactly_once() {
     eprintln!(
         "throttled sink: {total} records of ~{PAD} B bridged in {took:?}; checkpoints completed {completed}, \
          aborted {aborted}; epochs ended by interval {by_interval}, by size {by_size}; \
-         in-flight limit at the end {limit} B"
+         in-flight limit at the end {limit} B; reading held by the sink {held:.1} s, waiting for \
+         the source {starved:.1} s"
     );
     assert!(status.success(), "{}", tail(&bridge.log_text(), 20));
 
@@ -149,4 +153,11 @@ fn a_sink_throttled_by_a_quota_makes_slow_progress_exactly_once() {
         "in-flight limit {limit}"
     );
     assert_eq!(status_limit, limit as u64, "status and gauge agree");
+    // The input was all there before the bridge started, so what held reading back was the sink:
+    // each epoch reads for at least a quarter of the interval, and reaches the limit at once.
+    // (The source is waited for only at the start and once everything is read.)
+    assert!(
+        held > starved && held >= 0.25 * completed,
+        "reading held by the sink {held:.1} s, by the source {starved:.1} s, in {took:?}"
+    );
 }
