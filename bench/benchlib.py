@@ -413,16 +413,22 @@ def spread(xs):
     return [min(xs), max(xs)]
 
 
+def by_label(lines, name, label):
+    """{value of `label`: sample} of the series `name{...}` in /metrics lines (samples sharing a
+    value summed); {} when the lines hold none."""
+    out = {}
+    prefix, needle = name + "{", label + '="'
+    for line in lines or []:
+        if line.startswith(prefix) and needle in line:
+            key = line.split(needle, 1)[1].split('"', 1)[0]
+            out[key] = out.get(key, 0.0) + float(line.rsplit(None, 1)[1])
+    return out
+
+
 def histogram(lines, name):
     """The cumulative buckets {upper bound: count} of a Prometheus histogram without labels other
     than `le`, from /metrics lines; {} when the lines hold none."""
-    buckets = {}
-    prefix = name + "_bucket{"
-    for line in lines or []:
-        if line.startswith(prefix) and 'le="' in line:
-            le = line.split('le="', 1)[1].split('"', 1)[0]
-            buckets[float(le)] = buckets.get(float(le), 0.0) + float(line.rsplit(None, 1)[1])
-    return buckets
+    return {float(le): n for le, n in by_label(lines, name + "_bucket", "le").items()}
 
 
 def merge_histograms(hs):

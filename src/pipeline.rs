@@ -1003,7 +1003,7 @@ impl<'a> Pipeline<'a> {
             waits: ReadWaits::default(),
         };
         let read_start = Instant::now();
-        let queue_waited = self.sink.queue_full_waited();
+        let queue_waited_before = self.sink.queue_full_waited();
         let stats = &mut read.stats;
         let mut count: u64 = 0;
         let holds = self.protocol.holds_records();
@@ -1023,7 +1023,7 @@ impl<'a> Pipeline<'a> {
         // fraction of a millisecond; any wait (for the in-flight limit, for room in the
         // producer's queue, for a record) reads it afresh.
         let mut now = Instant::now();
-        let mut queue_full_waits = self.sink.queue_full_waits();
+        let mut queue_waited = queue_waited_before;
         loop {
             if unchecked == 0 {
                 now = Instant::now();
@@ -1165,9 +1165,9 @@ impl<'a> Pipeline<'a> {
             )?;
             // A send that waited for room in the producer's queue took time: look at the clock
             // (and the rest) before the next record.
-            let waits = self.sink.queue_full_waits();
-            if waits != queue_full_waits {
-                queue_full_waits = waits;
+            let waited = self.sink.queue_full_waited();
+            if waited != queue_waited {
+                queue_waited = waited;
                 unchecked = 0;
             }
             if count == 1 {
@@ -1178,7 +1178,10 @@ impl<'a> Pipeline<'a> {
             done.close(&mut read.positions, &mut read.stats);
         }
         read.waits.read = read_start.elapsed();
-        read.waits.producer_queue = self.sink.queue_full_waited().saturating_sub(queue_waited);
+        read.waits.producer_queue = self
+            .sink
+            .queue_full_waited()
+            .saturating_sub(queue_waited_before);
         for (reason, took) in read.waits.by_reason() {
             self.shared
                 .metrics

@@ -506,8 +506,8 @@ pub(crate) struct Sink {
     /// Sends that found librdkafka's queue full and waited for room. The read loop reads the clock
     /// every 64 records, and again after such a wait: 64 sends that each wait for a slow sink's
     /// delivery reports could otherwise take it well past its barrier.
-    queue_full_waits: AtomicU64,
-    /// The time those sends waited, in nanoseconds: a share of `read_wait_seconds_total`.
+    /// Counted as the time they waited, in nanoseconds (at least 1 per wait, so that every wait
+    /// changes it): also a share of `read_wait_seconds_total`.
     queue_full_nanos: AtomicU64,
     /// The delivery reports' byte count as `in_flight_below` last read it (see there); 0 for a
     /// new producer, whose counts start at 0.
@@ -605,7 +605,6 @@ impl Sink {
             openers: None,
             sent_marker: None,
             committed_marker: None,
-            queue_full_waits: AtomicU64::new(0),
             queue_full_nanos: AtomicU64::new(0),
             reported_seen: 0,
         };
@@ -928,12 +927,11 @@ impl Sink {
                     self.producer.context().unsent(bytes as u64);
                     match e {
                         KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull) => {
-                            self.queue_full_waits.fetch_add(1, Ordering::Relaxed);
                             record = back;
                             let ctx = self.producer.context();
                             let waited = Instant::now();
                             ctx.wait_report(Duration::from_millis(5), || false);
-                            let nanos = waited.elapsed().as_nanos();
+                            let nanos = waited.elapsed().as_nanos().max(1);
                             self.queue_full_nanos.fetch_add(
                                 u64::try_from(nanos).unwrap_or(u64::MAX),
                                 Ordering::Relaxed,
@@ -946,12 +944,8 @@ impl Sink {
         }
     }
 
-    /// How many sends have waited for room in librdkafka's queue, ever (see the field).
-    pub(crate) fn queue_full_waits(&self) -> u64 {
-        self.queue_full_waits.load(Ordering::Relaxed)
-    }
-
-    /// How long sends have waited for room in librdkafka's queue, ever.
+    /// How long sends have waited for room in librdkafka's queue, ever (see the field): it grows
+    /// with every such wait.
     pub(crate) fn queue_full_waited(&self) -> Duration {
         Duration::from_nanos(self.queue_full_nanos.load(Ordering::Relaxed))
     }
