@@ -1,8 +1,9 @@
 //! Benchmark phase C1: the minimal at-least-once copy that eos-bridge is measured against.
 //!
 //! One thread, the same shape as the bridge's pipeline: a `BaseConsumer` assigned every partition
-//! of the input topic (read_committed, like the bridge), and a `ThreadedProducer` with the bridge's
-//! batching settings (linger.ms=5, batch.size=1000000, lz4, idempotence). Each record keeps its
+//! of the input topic with the bridge's source defaults (read_committed, a 4 MiB / 20,000-record
+//! prefetch), and a `ThreadedProducer` with the bridge's sink defaults (linger.ms=1, a
+//! 10,000-record queue, batch.size=1000000, lz4, idempotence). Each record keeps its
 //! partition, key, headers and timestamp. Every `--commit-ms` it waits until every record sent is
 //! acknowledged, then commits the consumed positions to a consumer group: at-least-once, no
 //! transactions.
@@ -29,7 +30,7 @@ use rdkafka::producer::{Producer, ThreadedProducer};
 use rdkafka::{Offset, TopicPartitionList};
 
 use common::{
-    assign_all_from_start, bridge_producer, copy_of, now_ms, read_committed_consumer, send_waiting,
+    assign_all_from_start, bridge_consumer, bridge_producer, copy_of, now_ms, send_waiting,
     wait_acked, CopyTopics, Deliveries,
 };
 
@@ -51,8 +52,7 @@ struct Args {
 
 fn main() {
     let a = Args::parse();
-    let consumer: BaseConsumer = read_committed_consumer(&a.copy.bootstrap, &a.group)
-        .set("enable.auto.offset.store", "false")
+    let consumer: BaseConsumer = bridge_consumer(&a.copy.bootstrap, &a.group)
         .create()
         .expect("consumer");
     let producer: ThreadedProducer<Deliveries> = bridge_producer(&a.copy.bootstrap)

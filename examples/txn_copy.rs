@@ -51,7 +51,8 @@ use rdkafka::message::{Headers, Message};
 use rdkafka::producer::{BaseRecord, Producer, ThreadedProducer};
 
 use common::{
-    assign_all_from_start, copy_of, now_ms, send_waiting, wait_acked, CopyTopics, Deliveries,
+    assign_all_from_start, bridge_consumer, bridge_producer, copy_of, now_ms, send_waiting,
+    wait_acked, CopyTopics, Deliveries,
 };
 
 #[derive(Parser)]
@@ -87,14 +88,7 @@ type Txp = Arc<ThreadedProducer<Deliveries>>;
 const TXN_TIMEOUT: Duration = Duration::from_secs(30);
 
 fn producer(a: &Args, n: usize) -> Txp {
-    // The bridge's sink defaults (src/sink.rs build_producer).
-    let p: ThreadedProducer<Deliveries> = ClientConfig::new()
-        .set("bootstrap.servers", &a.copy.bootstrap)
-        .set("linger.ms", "1")
-        .set("compression.type", "lz4")
-        .set("queue.buffering.max.messages", "10000")
-        .set("batch.size", "1000000")
-        .set("enable.idempotence", "true")
+    let p: ThreadedProducer<Deliveries> = bridge_producer(&a.copy.bootstrap)
         .set("transactional.id", format!("{}-{n}", a.transactional_id))
         .set("transaction.timeout.ms", "60000")
         .create_with_context(Deliveries::default())
@@ -104,18 +98,7 @@ fn producer(a: &Args, n: usize) -> Txp {
 }
 
 fn consumer(a: &Args) -> BaseConsumer {
-    // The bridge's source defaults (src/source.rs Source::new).
-    ClientConfig::new()
-        .set("bootstrap.servers", &a.copy.bootstrap)
-        .set("group.id", format!("{}-group", a.transactional_id))
-        .set("enable.auto.commit", "false")
-        .set("enable.auto.offset.store", "false")
-        .set("isolation.level", "read_committed")
-        .set("auto.offset.reset", "earliest")
-        .set("queued.max.messages.kbytes", "4096")
-        .set("queued.min.messages", "20000")
-        .set("fetch.queue.backoff.ms", "10")
-        .set("fetch.max.bytes", "2097152")
+    bridge_consumer(&a.copy.bootstrap, &format!("{}-group", a.transactional_id))
         .create()
         .expect("consumer")
 }

@@ -51,14 +51,15 @@ pub fn now_us() -> u64 {
     since_epoch().as_micros() as u64
 }
 
-/// The batching settings of eos-bridge's sink producer, so that a copy or a fill costs what the
-/// bridge's writes cost.
+/// The defaults of eos-bridge's sink producer (src/sink.rs, build_producer), so that a copy or a
+/// fill costs what the bridge's writes cost.
 pub fn bridge_producer(bootstrap: &str) -> ClientConfig {
     let mut c = ClientConfig::new();
     c.set("bootstrap.servers", bootstrap)
-        .set("linger.ms", "5")
-        .set("batch.size", "1000000")
+        .set("linger.ms", "1")
         .set("compression.type", "lz4")
+        .set("queue.buffering.max.messages", "10000")
+        .set("batch.size", "1000000")
         .set("enable.idempotence", "true");
     c
 }
@@ -72,6 +73,19 @@ pub fn read_committed_consumer(bootstrap: &str, group: &str) -> ClientConfig {
         .set("enable.auto.commit", "false")
         .set("isolation.level", "read_committed")
         .set("auto.offset.reset", "earliest");
+    c
+}
+
+/// A read_committed consumer with the prefetch defaults of eos-bridge's source (src/source.rs):
+/// a copier that waits on its sink fills librdkafka's default prefetch and then fetches nothing for
+/// fetch.queue.backoff.ms, 1 s by default, which halved a copy's records/s (C1 before session 21).
+pub fn bridge_consumer(bootstrap: &str, group: &str) -> ClientConfig {
+    let mut c = read_committed_consumer(bootstrap, group);
+    c.set("enable.auto.offset.store", "false")
+        .set("queued.max.messages.kbytes", "4096")
+        .set("queued.min.messages", "20000")
+        .set("fetch.queue.backoff.ms", "10")
+        .set("fetch.max.bytes", "2097152");
     c
 }
 
