@@ -15,7 +15,8 @@ import org.apache.kafka.streams.StreamsConfig;
  *
  * Usage: Copy BOOTSTRAP APPLICATION_ID INPUT OUTPUT COMMIT_INTERVAL_MS STATE_DIR
  *
- * The producer gets the bridge's batching settings (linger.ms=5, batch.size=1000000, lz4).
+ * The producer gets the batching settings the bridge had until session 18 (linger.ms=5,
+ * batch.size=1000000, lz4).
  * Prints "READY epoch-ms" on stdout when the application reaches RUNNING.
  */
 public final class Copy {
