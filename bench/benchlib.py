@@ -4,6 +4,8 @@ Processes, a local broker, topics, eos-bridge configurations, /proc sampling of 
 RSS, and progress tracking. Nothing here decides what is measured; run and recovery do.
 """
 
+import datetime
+import hashlib
 import json
 import os
 import random
@@ -136,6 +138,42 @@ def build(skip=False, kstreams=True):
         log("build: mvn -q package (bench/kstreams)")
         subprocess.run(["mvn", "-q", "-B", "-f", pom, "package"], check=True)
     subprocess.run([KAFKA_SCRIPT, "fetch"], check=True, stdout=subprocess.DEVNULL)
+
+
+def _stamp(t):
+    return datetime.datetime.fromtimestamp(t, datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def provenance(binary=BRIDGE_BIN):
+    """Which build a run measured: the binary's hash and time, the commit, and whether it can be
+    that commit's build. With --skip-build a binary left from an experiment looks like any other
+    (session 22 measured a probe build as the committed one that way); a source file newer than
+    the binary (a `git checkout` of a reverted probe makes one) or an uncommitted source change is
+    named in `stale`."""
+    st = os.stat(binary)
+    h = hashlib.sha256()
+    with open(binary, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    inputs = [os.path.join(ROOT, n) for n in ("Cargo.toml", "Cargo.lock", "build.rs")]
+    for top in ("src", "examples"):
+        for d, _, files in os.walk(os.path.join(ROOT, top)):
+            inputs += [os.path.join(d, n) for n in files if n.endswith(".rs")]
+    newer = sorted(os.path.relpath(f, ROOT) for f in inputs
+                   if os.path.exists(f) and os.path.getmtime(f) > st.st_mtime)
+    git = lambda *a: subprocess.run(["git", *a], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    dirty = git("status", "--porcelain", "--", "src", "examples", "Cargo.toml", "Cargo.lock").splitlines()
+    stale = [f"{f} is newer than the binary" for f in newer[:5]]
+    stale += [f"uncommitted: {l.strip()}" for l in dirty[:5]]
+    return {"binary": os.path.relpath(binary, ROOT), "sha256": h.hexdigest()[:16], "built": _stamp(st.st_mtime),
+            "commit": git("rev-parse", "--short", "HEAD"), "stale": stale}
+
+
+def provenance_line(p):
+    line = f"bridge binary {p['binary']} sha256 {p['sha256']} built {p['built']}, HEAD {p['commit']}"
+    if p["stale"]:
+        line += "; NOT NECESSARILY HEAD'S BUILD: " + "; ".join(p["stale"])
+    return line
 
 
 def kafka_lib():
