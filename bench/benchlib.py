@@ -127,9 +127,12 @@ def build(skip=False, kstreams=True):
         log("build: cargo build --release --examples --bin eos-bridge")
         subprocess.run(["cargo", "build", "--release", "--quiet", "--examples", "--bin", "eos-bridge"],
                        cwd=ROOT, check=True)
+    # Every bench tool that builds, measures the bridge: each says which build, built or skipped.
+    built = provenance()
+    log(provenance_line(built))
     if not kstreams:
         subprocess.run([KAFKA_SCRIPT, "fetch"], check=True, stdout=subprocess.DEVNULL)
-        return
+        return built
     jar = os.path.join(KSTREAMS_DIR, "target", "eos-bench-kstreams-0.jar")
     src = os.path.join(KSTREAMS_DIR, "src", "main", "java", "eosbench", "Copy.java")
     pom = os.path.join(KSTREAMS_DIR, "pom.xml")
@@ -138,10 +141,7 @@ def build(skip=False, kstreams=True):
         log("build: mvn -q package (bench/kstreams)")
         subprocess.run(["mvn", "-q", "-B", "-f", pom, "package"], check=True)
     subprocess.run([KAFKA_SCRIPT, "fetch"], check=True, stdout=subprocess.DEVNULL)
-
-
-def _stamp(t):
-    return datetime.datetime.fromtimestamp(t, datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return built
 
 
 def provenance(binary=BRIDGE_BIN):
@@ -165,7 +165,7 @@ def provenance(binary=BRIDGE_BIN):
     dirty = git("status", "--porcelain", "--", "src", "examples", "Cargo.toml", "Cargo.lock").splitlines()
     stale = [f"{f} is newer than the binary" for f in newer[:5]]
     stale += [f"uncommitted: {l.strip()}" for l in dirty[:5]]
-    return {"binary": os.path.relpath(binary, ROOT), "sha256": h.hexdigest()[:16], "built": _stamp(st.st_mtime),
+    return {"binary": os.path.relpath(binary, ROOT), "sha256": h.hexdigest()[:16], "built": datetime.datetime.fromtimestamp(st.st_mtime, datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
             "commit": git("rev-parse", "--short", "HEAD"), "stale": stale}
 
 
