@@ -126,11 +126,12 @@ fn init_tracing(format: &str) {
 }
 
 /// glibc gives every thread that allocates an arena of its own, up to 8 per core, and freed memory
-/// stays in them: librdkafka's broker threads and the read-ahead thread each fill one with fetch
-/// and produce buffers, which doubled peak RSS (1 KB records, 100 ms checkpoints: 123 MB with the
-/// default arenas, 66 MB with two, the same throughput; bench/README.md). Two arenas still keep
-/// the pipeline thread and librdkafka's threads from contending for one lock. MALLOC_ARENA_MAX in
-/// the environment still wins: it is only set here when the operator did not set it.
+/// stays in them: librdkafka's broker threads each fill one with fetch and produce buffers, which
+/// doubled peak RSS (1 KB records, 100 ms checkpoints: 123 MB with the default arenas, 66 MB with
+/// two, the same throughput; bench/README.md, with a read-ahead thread the bridge no longer has).
+/// Two arenas still keep the pipeline thread and librdkafka's threads from contending for one
+/// lock. MALLOC_ARENA_MAX in the environment still wins: it is only set here when the operator did
+/// not set it.
 fn limit_malloc_arenas() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     if std::env::var_os("MALLOC_ARENA_MAX").is_none() {

@@ -12,7 +12,6 @@
 //! other output.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{sync_channel, Receiver};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -536,9 +535,8 @@ struct Pipeline<'a> {
     restore: Option<Restore>,
     /// A savepoint request waiting for the checkpoint that will carry its name.
     savepoint: Option<SavepointRequest>,
-    /// Shared with the thread that reads on while a checkpoint completes.
-    source: Arc<Source>,
-    /// P(N) moved past transaction markers, taken at the barrier, before reading on moves the
+    source: Source,
+    /// P(N) moved past transaction markers, taken at the barrier, before the next epoch moves the
     /// consumer further (`Source::positions_past_markers`); for the offset mapping and monitor.
     read_to: Option<Positions>,
     sink: Sink,
@@ -733,7 +731,7 @@ impl<'a> Pipeline<'a> {
             commands,
             restore,
             savepoint: None,
-            source: Arc::new(source),
+            source,
             read_to: None,
             sink,
             router,
@@ -1207,18 +1205,9 @@ impl<'a> Pipeline<'a> {
         let store = self.store.clone();
         let protocol = self.protocol;
         let mut progress = Progress::default();
-        // Reading goes on into a buffer bounded by the in-flight limit (what the next epoch may
-        // send at once); at shutdown there is no next epoch.
-        let source = Arc::clone(&self.source);
-        let ahead_bytes = if self.shutdown_requested() {
-            0
-        } else {
-            self.in_flight.bytes()
-        };
-        let stop = AtomicBool::new(false);
         let (source_admin, admin) = (Arc::clone(&self.source_admin), Arc::clone(&self.admin));
         // From the barrier to the protocol's first step: the positions, the checkpoint and the
-        // two helper threads; reported beside the steps.
+        // identity question's thread; reported beside the steps.
         let mut prepared = Duration::ZERO;
         let result = std::thread::scope(|scope| {
             // The topic ids the commit must wait for: two metadata round trips, asked now so that
@@ -1236,14 +1225,6 @@ impl<'a> Pipeline<'a> {
                 }
                 rx
             });
-            if ahead_bytes > 0 {
-                let spawned = std::thread::Builder::new()
-                    .name("eos-bridge-ahead".into())
-                    .spawn_scoped(scope, || source.read_ahead(&stop, ahead_bytes));
-                if let Err(e) = spawned {
-                    warn!(error = %e, "could not start reading on during the checkpoint");
-                }
-            }
             let mut output = EpochOutput {
                 p: self,
                 id: c.id,
@@ -1251,9 +1232,7 @@ impl<'a> Pipeline<'a> {
                 identity,
             };
             prepared = barrier.elapsed();
-            let result = protocol.complete(&mut output, &store, c, deadline, &mut progress);
-            stop.store(true, Ordering::Release);
-            result
+            protocol.complete(&mut output, &store, c, deadline, &mut progress)
         });
         self.pending = progress.pending;
         if progress.checkpointed_ahead {
@@ -1277,7 +1256,6 @@ impl<'a> Pipeline<'a> {
             flush_ms = ms(progress.flush_took),
             store_ms = ms(progress.store_took),
             commit_ms = ms(progress.commit_took),
-            read_ahead = self.source.read_ahead_records(),
             read_ms = ms(Some(waits.read)),
             wait_in_flight_ms = ms(Some(waits.in_flight_limit)),
             wait_queue_ms = ms(Some(waits.producer_queue)),

@@ -5,13 +5,11 @@
 //! Which partitions an instance owns follows from the topic name, the partition number and
 //! `instance` of `instances` alone, so it is stable across restarts and unaffected by other topics.
 //!
-//! While a checkpoint completes, reading goes on (`read_ahead`, docs/design.md "Reading on during
-//! a checkpoint"): records are taken into a bounded buffer that the next epoch consumes before it
-//! polls again. Any (re)assignment drops the buffer, since it moves the consumer back to the
-//! positions given, and those are never past a buffered record.
+//! While a checkpoint completes, the consumer's own fetcher reads on into its bounded prefetch,
+//! which the next epoch polls (docs/design.md "Reading on during a checkpoint"); nothing here polls
+//! then, so the consumer's position stays at the barrier until the next epoch starts.
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -148,42 +146,20 @@ pub(crate) fn topic_handle(m: &BorrowedMessage<'_>) -> usize {
     unsafe { (*m.ptr()).rkt as usize }
 }
 
-/// Key and payload bytes of a record: what the epoch's size bound and the read-ahead bound count.
+/// Key and payload bytes of a record: what the epoch's size bound counts.
 pub(crate) fn record_bytes(m: &impl Message) -> u64 {
     (m.key().map_or(0, <[u8]>::len) + m.payload().map_or(0, <[u8]>::len)) as u64
 }
 
 pub(crate) struct Source {
-    /// Declared before `consumer`, so dropped before it: the messages it holds point into the
-    /// consumer's buffers.
-    ahead: Mutex<Ahead>,
     consumer: BaseConsumer<SourceContext>,
     selection: Selection,
     instance: u32,
     instances: u32,
 }
 
-/// Records read while a checkpoint completed, in the order polled, and the error that ended the
-/// reading, if one did: it is handed on after the records before it.
-#[derive(Default)]
-struct Ahead {
-    /// Messages of `Source::consumer`, their lifetime widened to keep them here: `Source` drops
-    /// them before the consumer, and hands each out only borrowed from itself (`Source::poll`).
-    records: VecDeque<BorrowedMessage<'static>>,
-    bytes: u64,
-    error: Option<KafkaError>,
-}
-
-/// The most records read ahead: small records would otherwise fill the byte bound with hundreds of
-/// thousands of them (the sink's queue holds no more by default anyway).
-const READ_AHEAD_MAX_RECORDS: usize = crate::sink::SINK_QUEUE_MESSAGES;
-
 /// Our fetch.max.bytes when [source.kafka] sizes neither messages nor the prefetch.
 const FETCH_MAX_BYTES: usize = 2 * 1024 * 1024;
-
-/// How long one poll of the reading-ahead thread waits: a stop request is seen within it, and
-/// that wait is on the checkpoint's critical path.
-const READ_AHEAD_POLL: Duration = Duration::from_millis(1);
 
 /// Polls without a timeout first: with a record ready (nearly always, while draining) librdkafka
 /// then does not read the clock for the timeout. Kept because it costs nothing, not for a measured
@@ -248,7 +224,6 @@ impl Source {
             .create_with_context(SourceContext::default())
             .map_err(|e| BridgeError::kafka("create source consumer", e))?;
         Ok(Source {
-            ahead: Mutex::default(),
             consumer,
             selection: Selection::new(cfg)?,
             instance: cfg.bridge.instance,
@@ -351,7 +326,6 @@ impl Source {
     /// Assigns exactly these partitions at these positions; also the way to rewind, since a new
     /// assignment drops whatever was prefetched.
     pub(crate) fn assign(&self, positions: &Positions) -> Result<()> {
-        *self.lock_ahead() = Ahead::default();
         let mut tpl = TopicPartitionList::new();
         for (t, p, o) in positions.iter() {
             tpl.add_partition_offset(t, p, Offset::Offset(o))
@@ -362,60 +336,9 @@ impl Source {
             .map_err(|e| BridgeError::kafka("assign", e))
     }
 
-    /// The next record: first those read ahead, then the consumer's. Either way the consumer's own
-    /// message: records read ahead are not copied (at 100 B a copy and a free of each was most of
-    /// the reading-ahead thread's cost: bench/results/20261202-profile-eos-100b-100ms-s9-*).
+    /// The next record, the consumer's own message (not copied).
     pub(crate) fn poll(&self, timeout: Duration) -> Option<KafkaResult<BorrowedMessage<'_>>> {
-        {
-            let mut ahead = self.lock_ahead();
-            if let Some(m) = ahead.records.pop_front() {
-                ahead.bytes -= record_bytes(&m);
-                // Narrowed back to a borrow of self: it cannot outlive the consumer.
-                return Some(Ok(m));
-            }
-            if let Some(e) = ahead.error.take() {
-                return Some(Err(e));
-            }
-        }
         poll_consumer(&self.consumer, timeout)
-    }
-
-    /// Reads into the buffer until `stop` is set, `max_bytes` are buffered, or the consumer
-    /// reports an error; runs on a thread of its own while the checkpoint completes.
-    pub(crate) fn read_ahead(&self, stop: &AtomicBool, max_bytes: u64) {
-        while !stop.load(Ordering::Acquire) {
-            {
-                let ahead = self.lock_ahead();
-                if ahead.bytes >= max_bytes || ahead.records.len() >= READ_AHEAD_MAX_RECORDS {
-                    return;
-                }
-            }
-            match poll_consumer(&self.consumer, READ_AHEAD_POLL) {
-                None => {}
-                Some(Ok(m)) => {
-                    // SAFETY: only the lifetime changes; `Ahead` keeps the message no longer than
-                    // the consumer lives (see `Ahead::records`).
-                    let m: BorrowedMessage<'static> = unsafe { std::mem::transmute(m) };
-                    let mut ahead = self.lock_ahead();
-                    ahead.bytes += record_bytes(&m);
-                    ahead.records.push_back(m);
-                }
-                Some(Err(e)) => {
-                    self.lock_ahead().error = Some(e);
-                    return;
-                }
-            }
-        }
-    }
-
-    /// How many records are buffered (read ahead, not yet taken).
-    pub(crate) fn read_ahead_records(&self) -> usize {
-        self.lock_ahead().records.len()
-    }
-
-    fn lock_ahead(&self) -> std::sync::MutexGuard<'_, Ahead> {
-        // A buffer of records and a count: consistent after any panic.
-        self.ahead.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// `positions` (what the epoch read, record offset + 1), each moved to the consumer's position
