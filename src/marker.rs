@@ -252,6 +252,11 @@ pub(crate) fn read_bridge_markers(
                 Err(e) if Instant::now() < known_by => {
                     warn!(topic = %ps.marker_topic, partition, error = %e, "marker partition not known yet; retrying");
                     std::thread::sleep(Duration::from_millis(200));
+                    // The watermark query answers from this client's metadata cache, which does
+                    // not learn of a partition added since it was filled (a CI run retried for the
+                    // whole minute while the broker knew it): ask the broker again. Failing here
+                    // only means the next retry asks once more.
+                    let _ = consumer.fetch_metadata(Some(&ps.marker_topic), Duration::from_secs(5));
                 }
                 Err(e) => return Err(BridgeError::kafka("fetch marker watermarks", e)),
             }
