@@ -165,7 +165,9 @@ def provenance(binary=BRIDGE_BIN):
     dirty = git("status", "--porcelain", "--", "src", "examples", "Cargo.toml", "Cargo.lock").splitlines()
     stale = [f"{f} is newer than the binary" for f in newer[:5]]
     stale += [f"uncommitted: {l.strip()}" for l in dirty[:5]]
-    return {"binary": os.path.relpath(binary, ROOT), "sha256": h.hexdigest()[:16], "built": datetime.datetime.fromtimestamp(st.st_mtime, datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+    built = datetime.datetime.fromtimestamp(st.st_mtime, datetime.timezone.utc)
+    return {"binary": os.path.relpath(binary, ROOT), "sha256": h.hexdigest()[:16],
+            "built": built.strftime("%Y-%m-%dT%H:%M:%SZ"),
             "commit": git("rev-parse", "--short", "HEAD"), "stale": stale}
 
 
