@@ -187,6 +187,71 @@ def kafka_lib():
 # Broker
 
 
+def mem_available_mb():
+    with open("/proc/meminfo") as f:
+        info = {line.split(":")[0]: int(line.split()[1]) for line in f}
+    return info["MemAvailable"] // 1024
+
+
+def hold_memory(keep_free_mb):
+    """The held process's body: writes every page of a buffer of all available memory but
+    `keep_free_mb`, says HOLD, and keeps it until killed."""
+    import mmap
+    n = max(0, mem_available_mb() - keep_free_mb) << 20
+    t = time.time()
+    if n:
+        buf = mmap.mmap(-1, n)
+        chunk = memoryview(b"\1" * (64 << 20))
+        for off in range(0, n, len(chunk)):
+            part = chunk[:min(len(chunk), n - off)]
+            buf[off:off + len(part)] = part
+    print(f"HOLD {n >> 20} {time.time() - t:.1f}", flush=True)
+    while True:
+        time.sleep(3600)
+
+
+class MemoryHold:
+    """Holds all available memory but `keep_free_mb` for a run, written, so that the broker's
+    appends recycle page cache instead of taking fresh pages.
+
+    Why (bench/README.md, "Session 25"): on the 2-core VM the guest hands free pages back to the
+    host (DAMON pageout of cold page cache, virtio-balloon free page reporting), and a page the
+    host must supply again costs ~30 µs to first touch (this hold writes ~140 MB/s). A drain whose
+    output lands on such pages had the broker spend 52-60 % of its CPU in
+    copy_folio_from_iter_atomic and memset, 2-4x the broker CPU per record of a drain that
+    recycled cache, for whichever copier happened to run then. With little memory free the
+    kernel reclaims cache for new writes at once, and no page stays free long enough to go back."""
+
+    def __init__(self, keep_free_mb, workdir):
+        self.keep_free_mb = keep_free_mb
+        self.workdir = workdir
+        self.proc = None
+        self.held_mb = 0
+        self.seconds = 0.0
+
+    def start(self):
+        if not self.keep_free_mb:
+            return self
+        self.proc = Proc([sys.executable, os.path.abspath(__file__), "hold-memory", str(self.keep_free_mb)],
+                         os.path.join(self.workdir, "hold-memory.log"))
+        line = self.proc.wait_line("HOLD", 900)
+        if line is None:
+            self.proc.stop(5)
+            raise RuntimeError(f"the memory hold did not start; see {self.workdir}/hold-memory.log")
+        _, mb, secs = line.split()
+        self.held_mb, self.seconds = int(mb), float(secs)
+        log(f"holding {self.held_mb} MB of memory (written in {self.seconds:.0f}s), {self.keep_free_mb} MB left free")
+        return self
+
+    def meta(self):
+        return {"keep_free_mb": self.keep_free_mb, "held_mb": self.held_mb, "seconds": self.seconds}
+
+    def stop(self):
+        if self.proc:
+            self.proc.stop(5)
+            self.proc = None
+
+
 class Broker:
     def __init__(self, name):
         self.name = name
@@ -497,3 +562,7 @@ def histogram_quantile(buckets, q):
             return prev_le + (le - prev_le) * (rank - prev_c) / (c - prev_c)
         prev_le, prev_c = le, c
     return prev_le
+
+
+if __name__ == "__main__" and sys.argv[1:2] == ["hold-memory"]:
+    hold_memory(int(sys.argv[2]))
