@@ -195,8 +195,10 @@ def mem_available_mb():
 
 def hold_memory(keep_free_mb):
     """The held process's body: writes every page of a buffer of all available memory but
-    `keep_free_mb`, says HOLD, and keeps it until killed."""
+    `keep_free_mb`, says HOLD, and keeps it until killed or until the run that started it is
+    gone (a SIGKILLed bench/run must not leave most of the machine's memory held)."""
     import mmap
+    parent = os.getppid()
     n = max(0, mem_available_mb() - keep_free_mb) << 20
     t = time.time()
     if n:
@@ -206,8 +208,8 @@ def hold_memory(keep_free_mb):
             part = chunk[:min(len(chunk), n - off)]
             buf[off:off + len(part)] = part
     print(f"HOLD {n >> 20} {time.time() - t:.1f}", flush=True)
-    while True:
-        time.sleep(3600)
+    while os.getppid() == parent:
+        time.sleep(1)
 
 
 class MemoryHold:
