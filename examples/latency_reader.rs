@@ -56,7 +56,6 @@ fn main() {
             .set("fetch.wait.max.ms", &a.fetch_wait_ms)
             .set("queued.min.messages", "10000000")
             .set("queued.max.messages.kbytes", "2097151")
-            .set("fetch.queue.backoff.ms", "10")
             .create()
             .expect("consumer");
     let mut tpl = TopicPartitionList::new();
