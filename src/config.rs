@@ -137,7 +137,7 @@ pub struct SinkConfig {
     #[default(DEFAULT_DEAD_LETTER_TOPIC.to_string())]
     pub dead_letter_topic: String,
     #[serde(deserialize_with = "count")]
-    #[default(8 * MIB)]
+    #[default(4 * MIB)]
     pub max_in_flight_bytes: u64,
     #[serde(
         deserialize_with = "count_opt",
@@ -1863,7 +1863,7 @@ mod tests {
         assert_eq!(c.checkpoint.timeout, Duration::from_secs(30));
         assert_eq!(c.checkpoint.retain, 3);
         assert_eq!(c.checkpoint.max_bytes, 64 * 1024 * 1024);
-        assert_eq!(c.sink.max_in_flight_bytes, 8 * 1024 * 1024);
+        assert_eq!(c.sink.max_in_flight_bytes, 4 * 1024 * 1024);
         assert_eq!(c.transaction.timeout, Duration::from_secs(60));
         assert_eq!(c.api.listen, SocketAddr::from(([127, 0, 0, 1], 8080)));
         assert_eq!(c.api.admin_token, None);
