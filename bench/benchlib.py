@@ -468,6 +468,12 @@ class Bridge:
         env = dict(os.environ)
         env.setdefault("RUST_LOG", "warn")
         self.proc = Proc([*wrap, self.binary, "run", "--config", self.config], self.log, env=env)
+        # A comparison of builds is only as good as knowing which one ran (bench/README.md,
+        # "Session 26"); under a wrapper the process is the wrapper's.
+        running = os.path.realpath(f"/proc/{self.pid}/exe")
+        if not wrap and running != os.path.realpath(self.binary):
+            self.proc.kill9()
+            raise RuntimeError(f"bridge {self.id} runs {running}, not {self.binary}")
         return self
 
     @property
