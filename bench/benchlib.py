@@ -67,6 +67,43 @@ def cpu_seconds(pid):
     return (int(fields[11]) + int(fields[12])) / CLK_TCK
 
 
+# Thread names (as /proc shows them, trailing digits cut) grouped by what they do in the bridge
+# and in the examples: the reading and sending thread, the producer's delivery reports, librdkafka's
+# own threads of every client, the tokio runtime (HTTP); anything else is "other".
+THREAD_GROUPS = (("pipe", ("eos-bridge-pipe", "txn_copy", "raw_copy")),
+                 ("dr", ("producer pollin",)),
+                 ("rdk", ("rdk:",)),
+                 ("rt", ("eos-bridge-rt",)))
+
+
+def thread_cpu_seconds(pid):
+    """utime + stime of a live process's threads, summed by group (THREAD_GROUPS, "other") and
+    "total" (the process's, so that threads already gone count as "other"); {} when it is gone."""
+    total = cpu_seconds(pid)
+    if total is None:
+        return {}
+    out = {g: 0.0 for g, _ in THREAD_GROUPS}
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return {}
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                data = f.read()
+        except OSError:
+            continue  # the thread ended between the listing and the read
+        name = data[data.index("(") + 1:data.rindex(")")].rstrip("0123456789-")
+        fields = data[data.rindex(")") + 2:].split()
+        cpu = (int(fields[11]) + int(fields[12])) / CLK_TCK
+        group = next((g for g, prefixes in THREAD_GROUPS if name.startswith(prefixes)), None)
+        if group:
+            out[group] += cpu
+    out["other"] = max(0.0, total - sum(out.values()))
+    out["total"] = total
+    return out
+
+
 def status_kb(pid, key):
     try:
         with open(f"/proc/{pid}/status") as f:
