@@ -55,16 +55,22 @@ def free_port():
 # /proc sampling
 
 
-def cpu_seconds(pid):
-    """utime + stime of a live process, in seconds (None when it is gone)."""
+def _stat_cpu(path):
+    """(name, utime + stime in seconds) from a /proc stat file, or None when it is gone."""
     try:
-        with open(f"/proc/{pid}/stat") as f:
+        with open(path) as f:
             data = f.read()
     except OSError:
         return None
     fields = data[data.rindex(")") + 2:].split()
     # fields[0] is field 3 (state); utime and stime are fields 14 and 15.
-    return (int(fields[11]) + int(fields[12])) / CLK_TCK
+    return data[data.index("(") + 1:data.rindex(")")], (int(fields[11]) + int(fields[12])) / CLK_TCK
+
+
+def cpu_seconds(pid):
+    """utime + stime of a live process, in seconds (None when it is gone)."""
+    stat = _stat_cpu(f"/proc/{pid}/stat")
+    return stat and stat[1]
 
 
 # Thread names (as /proc shows them, trailing digits cut) grouped by what they do in the bridge
@@ -88,14 +94,10 @@ def thread_cpu_seconds(pid):
     except OSError:
         return {}
     for tid in tids:
-        try:
-            with open(f"/proc/{pid}/task/{tid}/stat") as f:
-                data = f.read()
-        except OSError:
+        stat = _stat_cpu(f"/proc/{pid}/task/{tid}/stat")
+        if stat is None:
             continue  # the thread ended between the listing and the read
-        name = data[data.index("(") + 1:data.rindex(")")].rstrip("0123456789-")
-        fields = data[data.rindex(")") + 2:].split()
-        cpu = (int(fields[11]) + int(fields[12])) / CLK_TCK
+        name, cpu = stat[0].rstrip("0123456789-"), stat[1]
         group = next((g for g, prefixes in THREAD_GROUPS if name.startswith(prefixes)), None)
         if group:
             out[group] += cpu

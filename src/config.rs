@@ -163,25 +163,14 @@ pub struct CheckpointConfig {
     #[serde(deserialize_with = "count")]
     #[default = 3]
     pub retain: usize,
-    /// Unset: [`CheckpointConfig::DEFAULT_MAX_BYTES`] by delivery mode; read it through
-    /// [`Config::epoch_max_bytes`].
-    #[serde(
-        deserialize_with = "count_opt",
-        skip_serializing_if = "Option::is_none"
-    )]
-    pub max_bytes: Option<u64>,
-}
-
-impl CheckpointConfig {
-    /// The epoch bound when `max_bytes` is unset, exactly-once and at-least-once. The flush at a
-    /// barrier waits only for what is in flight (bounded by `sink.max_in_flight_bytes`), so this
-    /// bounds a transaction, not a checkpoint's duration; at 64 MiB, 1 KB records at ~200k/s
-    /// ended every 1 s epoch after ~0.3 s, and each extra checkpoint stopped reading: 256 MiB
-    /// drained 1.24-1.32x faster in every paired round (bench/README.md, "Session 27").
-    pub const DEFAULT_MAX_BYTES: u64 = 256 * MIB;
-    /// At-most-once holds an epoch's records in memory until its checkpoint is written, so there
-    /// the bound is memory and stays small.
-    pub const DEFAULT_MAX_BYTES_AT_MOST_ONCE: u64 = 64 * MIB;
+    /// The flush at a barrier waits only for what is in flight (bounded by
+    /// `sink.max_in_flight_bytes`), so this bounds a transaction, not a checkpoint's duration; at
+    /// 64 MiB, 1 KB records at ~200k/s ended every 1 s epoch after ~0.3 s, and each extra
+    /// checkpoint stopped reading: 256 MiB drained 1.24-1.32x faster in every paired round
+    /// (bench/README.md, "Session 27"). At-most-once gets a smaller default in [`Config::load`].
+    #[serde(deserialize_with = "count")]
+    #[default(256 * MIB)]
+    pub max_bytes: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, SmartDefault)]
@@ -458,6 +447,11 @@ impl Config {
         if !written("offsets", "monitor_group") {
             c.offsets.monitor_group = format!("eos-bridge.{id}");
         }
+        // At-most-once holds an epoch's records in memory until its checkpoint is written: there
+        // the epoch bound is memory, and stays small.
+        if !written("checkpoint", "max_bytes") && c.bridge.delivery == Delivery::AtMostOnce {
+            c.checkpoint.max_bytes = 64 * MIB;
+        }
         report
             .errors
             .extend(crate::secrets::resolve(&mut config, env));
@@ -513,19 +507,6 @@ impl Config {
         self.sink
             .topic
             .replace(SOURCE_TOPIC_PLACEHOLDER, source_topic)
-    }
-
-    /// The output bytes after which an epoch ends before its interval: `checkpoint.max_bytes`, or
-    /// its default for the delivery mode.
-    pub fn epoch_max_bytes(&self) -> u64 {
-        self.checkpoint
-            .max_bytes
-            .unwrap_or(match self.bridge.delivery {
-                Delivery::AtMostOnce => CheckpointConfig::DEFAULT_MAX_BYTES_AT_MOST_ONCE,
-                Delivery::ExactlyOnce | Delivery::AtLeastOnce => {
-                    CheckpointConfig::DEFAULT_MAX_BYTES
-                }
-            })
     }
 
     /// The dead-letter topic of `source_topic`'s refused records.
@@ -1097,7 +1078,7 @@ const RULES: &[(&[&str], Rule)] = &[
     (DEAD_LETTER_TOPICS, dead_letter_clash),
     rule!(|c| "checkpoint.interval" if c.checkpoint.interval.is_zero() => "{NOT_ZERO}: {DURATION_EXAMPLES}"),
     rule!(|c| "checkpoint.timeout" if c.checkpoint.timeout.is_zero() => "{NOT_ZERO}: {DURATION_EXAMPLES}"),
-    rule!(|c| "checkpoint.max_bytes" if c.checkpoint.max_bytes == Some(0)
+    rule!(|c| "checkpoint.max_bytes" if c.checkpoint.max_bytes == 0
         => "0 would end every epoch at its first record: {SOME_BYTES}"),
     rule!(|c| "sink.max_in_flight_bytes" if c.sink.max_in_flight_bytes == 0
         => "0 would let no record be sent: {SOME_BYTES}"),
@@ -1565,7 +1546,6 @@ mod tests {
         full.source.topic_pattern = Some("p".into());
         full.api.admin_token = Some(Secret::new("t"));
         full.api.ready_max_age = Some(Duration::from_secs(1));
-        full.checkpoint.max_bytes = Some(1);
         toml::Table::try_from(&full).unwrap()
     }
 
@@ -1832,7 +1812,7 @@ mod tests {
                 min_pause: Duration::from_millis(500),
                 timeout: Duration::from_secs(20),
                 retain: 5,
-                max_bytes: Some(32 * 1024 * 1024),
+                max_bytes: 32 * 1024 * 1024,
             },
             transaction: TransactionConfig {
                 timeout: Duration::from_secs(120),
@@ -1892,8 +1872,7 @@ mod tests {
         assert_eq!(c.checkpoint.min_pause, Duration::ZERO);
         assert_eq!(c.checkpoint.timeout, Duration::from_secs(30));
         assert_eq!(c.checkpoint.retain, 3);
-        assert_eq!(c.checkpoint.max_bytes, None);
-        assert_eq!(c.epoch_max_bytes(), 256 * 1024 * 1024);
+        assert_eq!(c.checkpoint.max_bytes, 256 * 1024 * 1024);
         assert_eq!(c.sink.max_in_flight_bytes, 8 * 1024 * 1024);
         assert_eq!(c.transaction.timeout, Duration::from_secs(60));
         assert_eq!(c.api.listen, SocketAddr::from(([127, 0, 0, 1], 8080)));
@@ -3001,7 +2980,7 @@ mod tests {
 
     #[test]
     fn the_epoch_bound_defaults_by_delivery_mode_and_a_set_value_wins() {
-        let bound = |env: &[(&str, &str)]| load(BASE, env).unwrap().epoch_max_bytes();
+        let bound = |env: &[(&str, &str)]| load(BASE, env).unwrap().checkpoint.max_bytes;
         assert_eq!(bound(&[]), 256 * MIB);
         assert_eq!(
             bound(&[("EOS_BRIDGE__BRIDGE__DELIVERY", "at-least-once")]),

@@ -1007,7 +1007,6 @@ impl<'a> Pipeline<'a> {
         let holds = self.protocol.holds_records();
         // Output bytes of this epoch, against checkpoint.max_bytes.
         let mut epoch_bytes: u64 = 0;
-        let max_bytes = cfg.epoch_max_bytes();
 
         // Records polled since shutdown and the offset mapping's runs were last looked at: both
         // take a lock, and at 100 B the per-record checks were a few percent of the bridge's CPU
@@ -1046,7 +1045,7 @@ impl<'a> Pipeline<'a> {
             if now >= barrier_at {
                 break;
             }
-            if epoch_bytes >= max_bytes {
+            if epoch_bytes >= cfg.checkpoint.max_bytes {
                 read.trigger = "size";
                 break;
             }
