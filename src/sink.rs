@@ -15,8 +15,8 @@
 
 use std::collections::HashMap;
 use std::ffi::{c_void, CStr};
-use std::sync::atomic::{self, AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Condvar, Mutex, RwLock};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
 use crossbeam_utils::CachePadded;
@@ -28,6 +28,10 @@ use rdkafka::producer::{BaseRecord, DeliveryResult, Producer, ProducerContext, T
 use rdkafka::util::IntoOpaque;
 use rdkafka::ClientContext;
 use tracing::{info, warn};
+
+use self::wakeup::Wakeup;
+
+mod wakeup;
 
 use crate::error::{classify_kafka, is_auth, is_fencing, Action, BridgeError, Result};
 use crate::marker::Marker;
@@ -178,6 +182,9 @@ const SETTLE_GRACE: Duration = Duration::from_millis(500);
 /// The longest a wait for delivery reports sleeps before it looks again: librdkafka's in-flight
 /// count drops a moment after the report's callback has woken us.
 const REPORT_WAIT: Duration = Duration::from_millis(2);
+/// The longest a wait for room under the in-flight limit sleeps before it looks again. Only a
+/// safety net: the report that makes the room (or a failure) wakes it.
+const LIMIT_WAIT: Duration = Duration::from_millis(100);
 
 #[derive(Default)]
 pub(crate) struct SinkContext {
@@ -192,14 +199,8 @@ pub(crate) struct SinkContext {
     /// Key and payload bytes whose delivery report arrived, success or failure, ever: the delivery
     /// rate is measured from its growth. Written by the delivery reports.
     reported_bytes: CachePadded<AtomicU64>,
-    /// Wakes a thread waiting for delivery reports; the mutex only orders the wake-up after the
-    /// waiter's check, so that none is lost.
-    report_lock: Mutex<()>,
-    report: Condvar,
-    /// Threads in `wait_report`: a report wakes the condvar only when there is one, since a
-    /// notify is a futex system call whether or not anyone waits (at 100 B those calls were ~5 %
-    /// of the bridge's CPU: bench/results/20261201-profile-eos-100b-1s-s6-after.txt).
-    waiters: AtomicUsize,
+    /// Wakes a thread waiting for the reported bytes to reach a count it names.
+    wakeup: Wakeup,
     /// Where each source record landed, as runs, for the offset mapping (when it is kept).
     collect_runs: AtomicBool,
     runs: Mutex<RunCollector>,
@@ -217,15 +218,10 @@ impl SinkContext {
         self.sent_bytes.fetch_sub(bytes, Ordering::AcqRel);
     }
 
-    fn reported(&self, bytes: u64) {
-        // Sequentially consistent, with the load of `waiters`, to pair with the fence in
-        // `wait_report`: either the waiter's check (after its fence) sees this report, or this
-        // load sees the waiter (then the lock orders the notify after its wait began).
-        self.reported_bytes.fetch_add(bytes, Ordering::SeqCst);
-        if self.waiters.load(Ordering::SeqCst) > 0 {
-            drop(self.report_lock.lock().unwrap_or_else(|p| p.into_inner()));
-            self.report.notify_all();
-        }
+    /// Sequentially consistent: `Wakeup::reported` says why. A failure is recorded before this.
+    fn reported(&self, bytes: u64, failed: bool) {
+        let now = self.reported_bytes.fetch_add(bytes, Ordering::SeqCst) + bytes;
+        self.wakeup.reported(now, failed);
     }
 
     fn sent_bytes(&self) -> u64 {
@@ -245,16 +241,17 @@ impl SinkContext {
         self.reported_bytes.load(Ordering::Acquire)
     }
 
-    /// Waits until `done` holds, a delivery report arrives, or `at_most` passes, whichever comes
-    /// first; the caller re-checks its own condition.
-    fn wait_report(&self, at_most: Duration, done: impl Fn() -> bool) {
-        let guard = self.report_lock.lock().unwrap_or_else(|p| p.into_inner());
-        self.waiters.fetch_add(1, Ordering::SeqCst);
-        atomic::fence(Ordering::SeqCst);
-        if !done() {
-            let _ = self.report.wait_timeout(guard, at_most);
-        }
-        self.waiters.fetch_sub(1, Ordering::SeqCst);
+    /// Waits until the reported bytes reach `at`, a delivery fails, `done` holds, or `at_most`
+    /// passes, whichever comes first; the caller re-checks its own condition. Reports below `at`
+    /// do not wake the waiter (see `Wakeup`).
+    fn wait_reported(&self, at: u64, at_most: Duration, done: impl Fn() -> bool) {
+        self.wakeup.wait(at, at_most, done);
+    }
+
+    /// Whether the reported bytes reached `at` or a delivery failed, read in the order
+    /// `Wakeup::wait` needs.
+    fn reported_reach(&self, at: u64) -> bool {
+        self.reported_bytes() >= at || self.has_failed()
     }
 
     /// Keeps the failure that says most about its cause (see `rank`), the first of equals, except
@@ -363,7 +360,7 @@ impl ProducerContext for SinkContext {
             Ok(_) => {}
         }
         // After the failure is recorded: a woken waiter must see it.
-        self.reported(bytes as u64);
+        self.reported(bytes as u64, result.is_err());
     }
 }
 
@@ -930,7 +927,12 @@ impl Sink {
                             record = back;
                             let ctx = self.producer.context();
                             let waited = Instant::now();
-                            ctx.wait_report(Duration::from_millis(5), || false);
+                            // Until a quarter of what is in flight is reported: librdkafka
+                            // then has room for a quarter of its queue, not for one record.
+                            let at = ctx.reported_bytes() + (ctx.in_flight_bytes() / 4).max(1);
+                            ctx.wait_reported(at, Duration::from_millis(5), || {
+                                ctx.reported_reach(at)
+                            });
                             let nanos = waited.elapsed().as_nanos().max(1);
                             self.queue_full_nanos.fetch_add(
                                 u64::try_from(nanos).unwrap_or(u64::MAX),
@@ -976,30 +978,30 @@ impl Sink {
         self.producer.context().reported_bytes()
     }
 
-    /// Waits until fewer than `limit` bytes are in flight, or `until` passes; says whether the
-    /// bytes in flight are below the limit. Woken by each delivery report, not by polling.
+    /// Returns at once while the bytes in flight are below `limit`; at the limit, waits until a
+    /// quarter of it is free again, or `until` passes; says whether the bytes in flight are below
+    /// the limit. Woken by the report that frees that quarter, not by every
+    /// report: waking at the limit itself had the read loop send one record and wait again.
     pub(crate) fn wait_in_flight_below(&self, limit: u64, until: Instant) -> bool {
         let ctx = self.producer.context();
+        if ctx.in_flight_bytes() < limit {
+            return true;
+        }
+        // Only this thread sends, so the bytes sent stay put while it waits.
+        let at = ctx.sent_bytes().saturating_sub(limit - limit / 4);
         loop {
-            if ctx.in_flight_bytes() < limit {
-                return true;
-            }
             // A failed transaction is not waited on: the next send or the flush reports it.
-            if ctx.has_failed() {
+            if ctx.reported_reach(at) {
                 return true;
             }
             let now = Instant::now();
             if now >= until {
-                return false;
+                return ctx.in_flight_bytes() < limit;
             }
-            ctx.wait_report((until - now).min(REPORT_WAIT), || {
-                ctx.in_flight_bytes() < limit || ctx.has_failed()
-            });
+            ctx.wait_reported(at, (until - now).min(LIMIT_WAIT), || ctx.reported_reach(at));
         }
     }
 
-    /// The slot of a source partition, for packed origins (`Origin::packed`); None once 65,536
-    /// partitions have one (their records' origins are boxed).
     pub(crate) fn source_slot(&mut self, topic: &Arc<str>, partition: i32) -> Option<u16> {
         let key = (topic.clone(), partition);
         if let Some(slot) = self.slots.get(&key) {
@@ -1122,11 +1124,14 @@ impl Sink {
             if now >= end {
                 return Err(KafkaError::Flush(RDKafkaErrorCode::OperationTimedOut));
             }
-            // The producer's own thread serves the reports and wakes us at each; the short bound
-            // covers librdkafka's count dropping a moment after the report's callback.
-            ctx.wait_report(REPORT_WAIT.min(end.saturating_duration_since(now)), || {
-                self.producer.in_flight_count() == 0
-            });
+            // The producer's own thread serves the reports and wakes us at the last one (or a
+            // failure); the short bound covers librdkafka's count dropping a moment after the
+            // report's callback, which no report follows.
+            ctx.wait_reported(
+                ctx.sent_bytes(),
+                REPORT_WAIT.min(end.saturating_duration_since(now)),
+                || self.producer.in_flight_count() == 0,
+            );
         }
         Ok(())
     }
@@ -1340,17 +1345,17 @@ mod tests {
         std::thread::scope(|s| {
             s.spawn(|| {
                 std::thread::sleep(Duration::from_millis(50));
-                ctx.reported(1000);
+                ctx.reported(1000, false);
             });
             while ctx.in_flight_bytes() > 0 {
                 assert!(began.elapsed() < Duration::from_secs(5), "no report");
-                ctx.wait_report(Duration::from_secs(1), || ctx.in_flight_bytes() == 0);
+                ctx.wait_reported(1000, Duration::from_secs(1), || ctx.reported_reach(1000));
             }
         });
         assert_eq!(ctx.in_flight_bytes(), 0);
         assert_eq!(ctx.reported_bytes(), 1000);
         // A report for more than is in flight cannot wrap around.
-        ctx.reported(10);
+        ctx.reported(10, false);
         assert_eq!(ctx.in_flight_bytes(), 0);
     }
 
@@ -1381,19 +1386,19 @@ mod tests {
         // 1,100 sent, none reported: at the limit, so the count is read, and it says so.
         assert!(!check(&mut seen, 1000));
         assert_eq!(reads.get(), 1);
-        ctx.reported(600);
+        ctx.reported(600, false);
         // The stale count (0) says 1,100 in flight; the fresh one 500.
         assert!(check(&mut seen, 1000));
         assert_eq!((reads.get(), seen), (2, 600));
         // Reports that came since are not looked for while the count seen is enough.
-        ctx.reported(500);
+        ctx.reported(500, false);
         assert!(check(&mut seen, 1000));
         assert_eq!((reads.get(), seen), (2, 600));
         // Whatever the order of sends and reports, the check never says "below" while the bytes
         // in flight are at or over the limit.
         for step in 0..200u64 {
             if step % 3 == 0 {
-                ctx.reported(ctx.in_flight_bytes().min(70));
+                ctx.reported(ctx.in_flight_bytes().min(70), false);
             } else {
                 ctx.sent(50);
             }
