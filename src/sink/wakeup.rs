@@ -164,8 +164,13 @@ mod tests {
         let r = Reports::default();
         std::thread::scope(|s| {
             s.spawn(|| report_when_armed(&r, 1, 10, false));
-            r.wakeup
-                .wait(1000, Duration::from_millis(100), || r.reached(1000));
+            // Waits again until the report was made, however late the reporter runs.
+            let began = Instant::now();
+            while r.bytes.load(Ordering::SeqCst) < 10 {
+                assert!(began.elapsed() < Duration::from_secs(10), "no report");
+                r.wakeup
+                    .wait(1000, Duration::from_millis(50), || r.reached(1000));
+            }
         });
         assert_eq!(r.bytes.load(Ordering::SeqCst), 10, "the report was made");
         assert_eq!(notified(&r), 0);
@@ -220,7 +225,7 @@ mod tests {
                         if stop.load(Ordering::SeqCst) {
                             return;
                         }
-                        std::hint::spin_loop();
+                        std::thread::yield_now();
                     }
                     r.report(64, false);
                 }
