@@ -980,8 +980,8 @@ impl Sink {
 
     /// Returns at once while the bytes in flight are below `limit`; at the limit, waits until a
     /// quarter of it is free again, or `until` passes; says whether the bytes in flight are below
-    /// the limit. Woken by the report that frees that quarter, not by every
-    /// report: waking at the limit itself had the read loop send one record and wait again.
+    /// the limit. Woken by the report that frees that quarter, not by every report: waking at the
+    /// limit itself had the read loop send one record and wait again.
     pub(crate) fn wait_in_flight_below(&self, limit: u64, until: Instant) -> bool {
         let ctx = self.producer.context();
         if ctx.in_flight_bytes() < limit {
@@ -1002,6 +1002,8 @@ impl Sink {
         }
     }
 
+    /// The slot of a source partition, for packed origins (`Origin::packed`); None once 65,536
+    /// partitions have one (their records' origins are boxed).
     pub(crate) fn source_slot(&mut self, topic: &Arc<str>, partition: i32) -> Option<u16> {
         let key = (topic.clone(), partition);
         if let Some(slot) = self.slots.get(&key) {
