@@ -241,13 +241,6 @@ impl SinkContext {
         self.reported_bytes.load(Ordering::Acquire)
     }
 
-    /// Waits until the reported bytes reach `at`, a delivery fails, `done` holds, or `at_most`
-    /// passes, whichever comes first; the caller re-checks its own condition. Reports below `at`
-    /// do not wake the waiter (see `Wakeup`).
-    fn wait_reported(&self, at: u64, at_most: Duration, done: impl Fn() -> bool) {
-        self.wakeup.wait(at, at_most, done);
-    }
-
     /// Whether the reported bytes reached `at` or a delivery failed, read in the order
     /// `Wakeup::wait` needs.
     fn reported_reach(&self, at: u64) -> bool {
@@ -930,9 +923,8 @@ impl Sink {
                             // Until a quarter of what is in flight is reported: librdkafka
                             // then has room for a quarter of its queue, not for one record.
                             let at = ctx.reported_bytes() + (ctx.in_flight_bytes() / 4).max(1);
-                            ctx.wait_reported(at, Duration::from_millis(5), || {
-                                ctx.reported_reach(at)
-                            });
+                            ctx.wakeup
+                                .wait(at, Duration::from_millis(5), || ctx.reported_reach(at));
                             let nanos = waited.elapsed().as_nanos().max(1);
                             self.queue_full_nanos.fetch_add(
                                 u64::try_from(nanos).unwrap_or(u64::MAX),
@@ -998,7 +990,8 @@ impl Sink {
             if now >= until {
                 return ctx.in_flight_bytes() < limit;
             }
-            ctx.wait_reported(at, (until - now).min(LIMIT_WAIT), || ctx.reported_reach(at));
+            ctx.wakeup
+                .wait(at, (until - now).min(LIMIT_WAIT), || ctx.reported_reach(at));
         }
     }
 
@@ -1129,7 +1122,7 @@ impl Sink {
             // The producer's own thread serves the reports and wakes us at the last one (or a
             // failure); the short bound covers librdkafka's count dropping a moment after the
             // report's callback, which no report follows.
-            ctx.wait_reported(
+            ctx.wakeup.wait(
                 ctx.sent_bytes(),
                 REPORT_WAIT.min(end.saturating_duration_since(now)),
                 || self.producer.in_flight_count() == 0,
@@ -1351,7 +1344,8 @@ mod tests {
             });
             while ctx.in_flight_bytes() > 0 {
                 assert!(began.elapsed() < Duration::from_secs(5), "no report");
-                ctx.wait_reported(1000, Duration::from_secs(1), || ctx.reported_reach(1000));
+                ctx.wakeup
+                    .wait(1000, Duration::from_secs(1), || ctx.reported_reach(1000));
             }
         });
         assert_eq!(ctx.in_flight_bytes(), 0);

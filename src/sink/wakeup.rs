@@ -140,17 +140,24 @@ mod tests {
         }
     }
 
+    /// Waits for count `at`, in waits of at most `at_most`, again until `until` holds (10 s at most).
+    fn wait_until(r: &Reports, at: u64, at_most: Duration, until: impl Fn() -> bool) {
+        let began = Instant::now();
+        while !until() {
+            assert!(
+                began.elapsed() < Duration::from_secs(10),
+                "not done within 10 s"
+            );
+            r.wakeup.wait(at, at_most, || r.reached(at));
+        }
+    }
+
     #[test]
     fn only_the_report_that_reaches_the_count_wakes_the_waiter() {
         let r = Reports::default();
         std::thread::scope(|s| {
             s.spawn(|| report_when_armed(&r, 10, 100, false));
-            let began = Instant::now();
-            while !r.reached(1000) {
-                assert!(began.elapsed() < Duration::from_secs(10), "never reached");
-                r.wakeup
-                    .wait(1000, Duration::from_secs(10), || r.reached(1000));
-            }
+            wait_until(&r, 1000, Duration::from_secs(10), || r.reached(1000));
         });
         assert_eq!(notified(&r), 1, "ten reports, one wake-up");
         assert!(!r.wakeup.armed(), "the last waiter out clears its count");
@@ -165,12 +172,9 @@ mod tests {
         std::thread::scope(|s| {
             s.spawn(|| report_when_armed(&r, 1, 10, false));
             // Waits again until the report was made, however late the reporter runs.
-            let began = Instant::now();
-            while r.bytes.load(Ordering::SeqCst) < 10 {
-                assert!(began.elapsed() < Duration::from_secs(10), "no report");
-                r.wakeup
-                    .wait(1000, Duration::from_millis(50), || r.reached(1000));
-            }
+            wait_until(&r, 1000, Duration::from_millis(50), || {
+                r.bytes.load(Ordering::SeqCst) >= 10
+            });
         });
         assert_eq!(r.bytes.load(Ordering::SeqCst), 10, "the report was made");
         assert_eq!(notified(&r), 0);
@@ -181,13 +185,9 @@ mod tests {
         let r = Reports::default();
         std::thread::scope(|s| {
             s.spawn(|| report_when_armed(&r, 1, 1, true));
-            let began = Instant::now();
-            while !r.reached(u64::MAX - 1) {
-                assert!(began.elapsed() < Duration::from_secs(10), "not woken");
-                r.wakeup.wait(u64::MAX - 1, Duration::from_secs(10), || {
-                    r.reached(u64::MAX - 1)
-                });
-            }
+            wait_until(&r, u64::MAX - 1, Duration::from_secs(10), || {
+                r.reached(u64::MAX - 1)
+            });
         });
         assert_eq!(notified(&r), 1);
     }
