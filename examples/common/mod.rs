@@ -52,7 +52,8 @@ pub fn now_us() -> u64 {
 }
 
 /// The defaults of eos-bridge's sink producer (src/sink.rs, build_producer), so that a copy or a
-/// fill costs what the bridge's writes cost.
+/// fill costs what the bridge's writes cost. With `BENCH_PRODUCER_STATS_MS` in the environment,
+/// librdkafka's statistics every that many ms, printed by [`Deliveries`] as `S` lines.
 pub fn bridge_producer(bootstrap: &str) -> ClientConfig {
     let mut c = ClientConfig::new();
     c.set("bootstrap.servers", bootstrap)
@@ -61,6 +62,9 @@ pub fn bridge_producer(bootstrap: &str) -> ClientConfig {
         .set("queue.buffering.max.messages", "10000")
         .set("batch.size", "1000000")
         .set("enable.idempotence", "true");
+    if let Ok(ms) = std::env::var("BENCH_PRODUCER_STATS_MS") {
+        c.set("statistics.interval.ms", ms);
+    }
     c
 }
 
@@ -175,7 +179,40 @@ pub struct Deliveries {
     pub failed: AtomicU64,
 }
 
-impl ClientContext for Deliveries {}
+/// One stderr line per statistics interval (see [`bridge_producer`]): what a bounded window of
+/// records in flight delivers depends on how long the broker takes to acknowledge them, which
+/// bench/ab's CPU figures cannot show. Windows are librdkafka's, reset every interval, in µs:
+/// `rtt` of the requests to the broker (Produce, for a copier), `int_latency` of a record in the
+/// producer's queue, records and bytes per batch (the busiest topic's); `tx` and `txbytes` are the
+/// requests and bytes sent so far.
+/// `S <epoch ms> rtt_avg_us=.. rtt_p99_us=.. int_latency_avg_us=.. outbuf_latency_avg_us=..
+///  waitresp_cnt=.. batchcnt_avg=.. batchsize_avg=.. tx=.. txbytes=..`
+impl ClientContext for Deliveries {
+    fn stats(&self, s: rdkafka::Statistics) {
+        let w =
+            |x: &Option<rdkafka::statistics::Window>| x.as_ref().map_or((0, 0), |w| (w.avg, w.p99));
+        for b in s.brokers.values().filter(|b| b.nodeid >= 0) {
+            let (rtt, rtt99) = w(&b.rtt);
+            let (int_lat, _) = w(&b.int_latency);
+            let (outbuf, _) = w(&b.outbuf_latency);
+            let (cnt, size) = s
+                .topics
+                .values()
+                .map(|t| (t.batchcnt.avg, t.batchsize.avg))
+                .max()
+                .unwrap_or((0, 0));
+            eprintln!(
+                "S {} rtt_avg_us={rtt} rtt_p99_us={rtt99} int_latency_avg_us={int_lat} \
+                 outbuf_latency_avg_us={outbuf} waitresp_cnt={} batchcnt_avg={cnt} \
+                 batchsize_avg={size} tx={} txbytes={}",
+                now_ms(),
+                b.waitresp_cnt,
+                b.tx,
+                b.txbytes
+            );
+        }
+    }
+}
 
 impl ProducerContext for Deliveries {
     type DeliveryOpaque = ();
