@@ -63,22 +63,40 @@ fn number_after(log: &str, marker: &str, key: &str) -> Option<u64> {
     digits.parse().ok()
 }
 
-/// Starts the bridge to die at the `hit`-th time it reaches `step`, waits for the input producer
-/// if one runs, then restarts it: the start must report an outcome the protocol predicts and
-/// finish the work.
+/// Starts the bridge to die at the `hit`-th time it reaches `step`, then restarts it: the start
+/// must report an outcome the protocol predicts and finish the work. With `arriving`, input
+/// starts arriving once the bridge has recovered and keeps arriving until it dies, so every epoch
+/// of the process reads some, however long its start took (a producer started before the bridge
+/// could finish while a slow start was still recovering, and leave no third epoch with records).
 #[cfg(feature = "failpoints")]
 fn crash_and_recover(
     s: &mut Scenario,
     step: &str,
     hit: &str,
     (committed, outcomes): (bool, &[&str]),
-    producer: Option<&mut std::process::Child>,
+    arriving: Option<u32>,
 ) {
     s.start(&[
         ("EOS_BRIDGE_FAILPOINT", step),
         ("EOS_BRIDGE_FAILPOINT_HIT", hit),
     ]);
+    let producer = arriving.map(|prefix| {
+        let recovered = wait_until(Duration::from_secs(60), || {
+            s.log().lines().any(|l| l.contains("recovered"))
+                || matches!(s.bridge().child.try_wait(), Ok(Some(_)))
+        });
+        assert!(
+            recovered,
+            "the bridge did not recover within 60 s:\n{}",
+            tail(&s.log(), 30)
+        );
+        // 1,000 records/s for up to a minute: stopped below as soon as the bridge has died.
+        s.produce_in_background(60_000, 1_000, prefix)
+    });
     let status = s.wait_exit(Duration::from_secs(60));
+    if let Some(p) = producer {
+        stop_producer(p);
+    }
     let log = s.log();
     assert_eq!(
         status.signal(),
@@ -92,9 +110,6 @@ fn crash_and_recover(
         "at checkpoint ",
     )
     .unwrap_or_else(|| panic!("the failpoint names its checkpoint:\n{}", tail(&log, 30)));
-    if let Some(p) = producer {
-        assert!(p.wait().unwrap().success(), "the input producer failed");
-    }
 
     s.run(&[Start, Committed]);
     let log = s.log();
@@ -135,15 +150,13 @@ fn crash_at_every_step(name: &str, hit: &str, arriving: bool) {
             Stop,
         ]);
 
-        let mut producer = if arriving {
-            // 2,000 records over about 2 s: every epoch of the 300 ms interval reads some, so a
-            // later epoch reaches each step with the openers sent.
-            Some(s.produce_in_background(2_000, 1_000, prefix + 1))
-        } else {
+        // Arriving input: every epoch of the 300 ms interval reads some, so a later epoch reaches
+        // each step with the openers sent.
+        if !arriving {
             s.produce(300, prefix + 1);
-            None
-        };
-        crash_and_recover(&mut s, step, hit, (*committed, outcomes), producer.as_mut());
+        }
+        let arriving = arriving.then_some(prefix + 1);
+        crash_and_recover(&mut s, step, hit, (*committed, outcomes), arriving);
     }
     s.judge();
 }

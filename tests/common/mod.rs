@@ -535,6 +535,34 @@ pub fn background_producer(
         .expect("VerifiableProducer starts")
 }
 
+/// Stops a background producer the way an operator would (SIGTERM: the JVM's shutdown hook
+/// closes the producer, so every record it sent is acknowledged first) and waits for it, so that
+/// the input's end offsets are final. Panics if it had failed on its own before.
+pub fn stop_producer(mut producer: std::process::Child) {
+    use std::os::unix::process::ExitStatusExt;
+    if let Ok(None) = producer.try_wait() {
+        // SAFETY: signalling a child we own.
+        unsafe {
+            libc::kill(producer.id() as i32, libc::SIGTERM);
+        }
+    }
+    let exited = wait_until(Duration::from_secs(30), || {
+        matches!(producer.try_wait(), Ok(Some(_)))
+    });
+    if !exited {
+        let _ = producer.kill();
+    }
+    let status = producer.wait().expect("waiting for the input producer");
+    // 143: the JVM's exit after SIGTERM ran its shutdown hooks.
+    assert!(
+        exited
+            && (status.success()
+                || status.code() == Some(143)
+                || status.signal() == Some(libc::SIGTERM)),
+        "the input producer failed or did not stop within 30 s of SIGTERM: {status}"
+    );
+}
+
 /// The state of a transactional id as Kafka's TransactionsCommand describes it (Empty, Ongoing,
 /// CompleteCommit, CompleteAbort, ...), None if it cannot be described.
 pub fn transaction_state(bootstrap: &str, transactional_id: &str) -> Option<String> {

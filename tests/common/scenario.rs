@@ -273,7 +273,10 @@ impl Scenario {
         match bridge.wait_exit(within) {
             Some(status) => status,
             None => panic!(
-                "the bridge did not exit within {within:?}:\n{}",
+                "the bridge did not exit within {within:?} (last checkpoint {:?}, committed \
+                 positions {:?}):\n{}",
+                bridge.last_checkpoint_id(),
+                bridge.committed_total(),
                 tail(&bridge.log_text(), 30)
             ),
         }
