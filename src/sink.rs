@@ -13,6 +13,7 @@
 //! error, which outranks the collateral ones (purged, erroneous state), and a refused send waits
 //! briefly for the delivery reports that say which record really failed.
 
+use std::cell::RefCell;
 use std::collections::HashMap;
 use std::ffi::{c_void, CStr};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -29,8 +30,10 @@ use rdkafka::util::IntoOpaque;
 use rdkafka::ClientContext;
 use tracing::{info, warn};
 
+use self::topics::TopicHandles;
 use self::wakeup::Wakeup;
 
+mod topics;
 mod wakeup;
 
 use crate::error::{classify_kafka, is_auth, is_fencing, Action, BridgeError, Result};
@@ -478,6 +481,8 @@ enum TxnState {
 
 pub(crate) struct Sink {
     settings: SinkSettings,
+    /// The producer's topic handles: declared before it, so that they are destroyed first.
+    topics: RefCell<TopicHandles>,
     producer: ThreadedProducer<SinkContext>,
     state: TxnState,
     /// The largest batch.size every sink topic written so far takes (see `cap_batch_size`).
@@ -587,6 +592,7 @@ impl Sink {
         let producer = build_producer(&settings, None)?;
         let sink = Sink {
             settings,
+            topics: RefCell::default(),
             producer,
             state: TxnState::Ready,
             batch_cap: None,
@@ -661,6 +667,7 @@ impl Sink {
             .unwrap_or_else(|p| p.into_inner()) = sources;
         // Dropping the old producer purges whatever it still had in flight. Only what this
         // producer committed is restated: recovery follows a rebuild and decides afresh.
+        self.topics.get_mut().clear();
         self.producer = fresh;
         self.reported_seen = 0;
         self.committed_marker = None;
@@ -911,7 +918,13 @@ impl Sink {
         loop {
             // Counted before the send: the delivery report can arrive before send returns.
             self.producer.context().sent(bytes as u64);
-            match self.producer.send(record) {
+            let sent = if record.headers.is_some() {
+                self.producer.send(record)
+            } else {
+                let rk = self.producer.client().native_ptr();
+                self.topics.borrow_mut().send(rk, record)
+            };
+            match sent {
                 Ok(()) => return Ok(()),
                 Err((e, back)) => {
                     self.producer.context().unsent(bytes as u64);
