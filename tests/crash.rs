@@ -82,8 +82,7 @@ fn crash_and_recover(
     ]);
     let producer = arriving.map(|prefix| {
         let recovered = wait_until(Duration::from_secs(60), || {
-            s.log().lines().any(|l| l.contains("recovered"))
-                || matches!(s.bridge().child.try_wait(), Ok(Some(_)))
+            s.log().contains("recovered") || matches!(s.bridge().child.try_wait(), Ok(Some(_)))
         });
         assert!(
             recovered,

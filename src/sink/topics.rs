@@ -158,16 +158,18 @@ mod tests {
     use rdkafka::producer::{BaseProducer, Producer};
 
     /// No broker is needed: a producer makes topic handles without one.
-    fn producer() -> BaseProducer {
-        ClientConfig::new()
-            .set("bootstrap.servers", "127.0.0.1:1")
-            .create()
-            .expect("a producer")
+    fn producer(settings: &[(&str, &str)]) -> BaseProducer {
+        let mut cc = ClientConfig::new();
+        cc.set("bootstrap.servers", "127.0.0.1:1");
+        for (k, v) in settings {
+            cc.set(*k, *v);
+        }
+        cc.create().expect("a producer")
     }
 
     #[test]
     fn one_handle_per_topic_and_the_last_one_reused() {
-        let p = producer();
+        let p = producer(&[]);
         let rk = p.client().native_ptr();
         let mut t = TopicHandles::default();
         let a = t.handle(rk, "out-a").unwrap();
@@ -186,7 +188,7 @@ mod tests {
 
     #[test]
     fn a_topic_name_with_a_nul_is_refused_with_the_record() {
-        let p = producer();
+        let p = producer(&[]);
         let mut t = TopicHandles::default();
         let record: BaseRecord<'_, [u8], [u8], Origin> =
             BaseRecord::with_opaque_to("bad\0topic", Origin::packed(3, 42).unwrap())
@@ -205,11 +207,7 @@ mod tests {
 
     #[test]
     fn a_send_librdkafka_refuses_comes_back_with_its_origin() {
-        let p: BaseProducer = ClientConfig::new()
-            .set("bootstrap.servers", "127.0.0.1:1")
-            .set("queue.buffering.max.messages", "1")
-            .create()
-            .expect("a producer");
+        let p = producer(&[("queue.buffering.max.messages", "1")]);
         let rk = p.client().native_ptr();
         let mut t = TopicHandles::default();
         let record = |offset| -> BaseRecord<'static, [u8], [u8], Origin> {
