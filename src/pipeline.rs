@@ -41,7 +41,7 @@ use crate::savepoint::{Restore, Savepoint};
 use crate::sink::{
     is_permanent_record_error, InFlightLimit, Openers, Origin, Sink, SinkSettings, SourceRef,
 };
-use crate::source::{record_bytes, topic_handle, Source};
+use crate::source::{headers_of, record_bytes, topic_handle, Source};
 use crate::status::{self, PartitionStatus, RunState, SharedStatus};
 use crate::transform::{Route, Router};
 
@@ -1157,7 +1157,7 @@ impl<'a> Pipeline<'a> {
                 msg.payload(),
                 // A record without headers goes out without a header list: the same bytes on
                 // the wire, and no copy of an empty list to allocate and free per record.
-                msg.headers().filter(|h| h.count() > 0).map(|h| h.detach()),
+                headers_of(&msg).map(|h| h.detach()),
                 ts,
                 l.origin(msg.offset()),
             )?;
