@@ -13,6 +13,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Mutex;
 use std::time::Duration;
 
+use integer_encoding::VarInt;
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext};
 use rdkafka::error::{KafkaError, KafkaResult, RDKafkaErrorCode};
@@ -190,19 +191,7 @@ unsafe fn headerless_in_place(value: &[u8]) -> bool {
         return false;
     }
     let mut varint = [0u8; 5];
-    let mut k = 0;
-    let mut rest = (len as u64) << 1;
-    loop {
-        let low = (rest & 0x7f) as u8;
-        rest >>= 7;
-        if rest == 0 {
-            varint[k] = low;
-            k += 1;
-            break;
-        }
-        varint[k] = low | 0x80;
-        k += 1;
-    }
+    let k = (len as i64).encode_var(&mut varint);
     let start = value.as_ptr();
     // SAFETY: per the contract, the k <= 5 bytes before the value are within its record.
     let before = unsafe { std::slice::from_raw_parts(start.sub(k), k) };
@@ -496,12 +485,7 @@ mod tests {
 
     /// A zigzag varint, as the v2 record format writes its lengths and counts.
     fn zigzag(n: i64, out: &mut Vec<u8>) {
-        let mut z = ((n << 1) ^ (n >> 63)) as u64;
-        while z >= 0x80 {
-            out.push((z as u8 & 0x7f) | 0x80);
-            z >>= 7;
-        }
-        out.push(z as u8);
+        out.extend(n.encode_var_vec());
     }
 
     /// A v2 record from its attributes on (a key "k", `len` bytes of value, `headers` header
