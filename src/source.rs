@@ -552,6 +552,14 @@ mod tests {
         }
     }
 
+    /// A tripwire for upgrades: `headerless_in_place` relies on how this librdkafka hands out a
+    /// consumed value (in place, inside its record: `rd_kafka_op_new_fetch_msg`). Re-check that in
+    /// the new version's source, then update the version here.
+    #[test]
+    fn librdkafka_is_the_version_whose_value_layout_was_checked() {
+        assert_eq!(rdkafka::util::get_rdkafka_version().1, "2.12.1");
+    }
+
     proptest::proptest! {
         #[test]
         fn no_old_format_length_reads_as_the_varint_of_itself(len in 1usize..(1 << 27)) {
