@@ -81,9 +81,15 @@ fn grow_topic(bootstrap: &str, topic: &str, partitions: usize) {
 }
 
 fn producer(bootstrap: &str) -> ThreadedProducer<DefaultProducerContext> {
+    producer_compressing(bootstrap, "none")
+}
+
+/// An idempotent producer whose batches are compressed with `codec`.
+fn producer_compressing(bootstrap: &str, codec: &str) -> ThreadedProducer<DefaultProducerContext> {
     ClientConfig::new()
         .set("bootstrap.servers", bootstrap)
         .set("enable.idempotence", "true")
+        .set("compression.type", codec)
         .set("linger.ms", "5")
         .create()
         .expect("producer")
@@ -492,13 +498,7 @@ fn every_record_keeps_exactly_its_headers_at_every_size_and_codec() {
     ];
     let mut want = Vec::new();
     for codec in ["none", "gzip", "lz4", "zstd"] {
-        let p: ThreadedProducer<DefaultProducerContext> = ClientConfig::new()
-            .set("bootstrap.servers", b)
-            .set("enable.idempotence", "true")
-            .set("compression.type", codec)
-            .set("linger.ms", "20")
-            .create()
-            .expect("producer");
+        let p = producer_compressing(b, codec);
         for size in sizes {
             for variant in 0..3 {
                 let i = want.len();
