@@ -4,8 +4,8 @@
 //! metric anywhere else, so /metrics, the dashboard and the alert rules have one list to agree on.
 
 use prometheus::{
-    Counter, CounterVec, Encoder, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge,
-    IntGaugeVec, Opts, Registry, TextEncoder,
+    Counter, CounterVec, Encoder, Gauge, Histogram, HistogramOpts, IntCounter, IntCounterVec,
+    IntGauge, IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
 pub(crate) struct Metrics {
@@ -28,6 +28,7 @@ pub(crate) struct Metrics {
     pub marker_wait_seconds: Counter,
     pub layout_generation: IntGauge,
     pub in_flight_limit_bytes: IntGauge,
+    pub first_send_hold_seconds: Gauge,
     pub epochs_ended: IntCounterVec,
     pub read_wait_seconds: CounterVec,
     pub identity_changes: IntCounterVec,
@@ -182,6 +183,11 @@ impl Metrics {
                 "Current bound on output bytes handed to the sink producer and not yet acknowledged.",
             ))
             .unwrap(),
+            first_send_hold_seconds: Gauge::with_opts(opts(
+                "first_send_hold_seconds",
+                "How long a transaction's first send currently waits after the previous transaction ended, so that its partitions join without librdkafka's 20 ms retry.",
+            ))
+            .unwrap(),
             monitor_commits: IntCounterVec::new(
                 opts(
                     "monitor_group_commits_total",
@@ -280,6 +286,7 @@ impl Metrics {
             Box::new(self.marker_wait_seconds.clone()),
             Box::new(self.layout_generation.clone()),
             Box::new(self.in_flight_limit_bytes.clone()),
+            Box::new(self.first_send_hold_seconds.clone()),
             Box::new(self.epochs_ended.clone()),
             Box::new(self.read_wait_seconds.clone()),
             Box::new(self.identity_changes.clone()),

@@ -30,9 +30,11 @@ use rdkafka::util::IntoOpaque;
 use rdkafka::ClientContext;
 use tracing::{info, warn};
 
+use self::settle::Settle;
 use self::topics::TopicHandles;
 use self::wakeup::Wakeup;
 
+mod settle;
 mod topics;
 mod wakeup;
 
@@ -209,6 +211,10 @@ pub(crate) struct SinkContext {
     runs: Mutex<RunCollector>,
     /// The source partition of each slot of a packed origin; written when a slot is added.
     sources: RwLock<Vec<(Arc<str>, i32)>>,
+    /// Set when a transaction's first record is sent; the next delivery report clears it and
+    /// keeps its time in `first_report_at`, which `settle` learns from.
+    first_report_armed: AtomicBool,
+    first_report_at: Mutex<Option<Instant>>,
 }
 
 impl SinkContext {
@@ -223,6 +229,15 @@ impl SinkContext {
 
     /// Sequentially consistent: `Wakeup::reported` says why. A failure is recorded before this.
     fn reported(&self, bytes: u64, failed: bool) {
+        // One relaxed load per report; the swap runs once per transaction.
+        if self.first_report_armed.load(Ordering::Relaxed)
+            && self.first_report_armed.swap(false, Ordering::AcqRel)
+        {
+            *self
+                .first_report_at
+                .lock()
+                .unwrap_or_else(|p| p.into_inner()) = Some(Instant::now());
+        }
         let now = self.reported_bytes.fetch_add(bytes, Ordering::SeqCst) + bytes;
         self.wakeup.reported(now, failed);
     }
@@ -507,6 +522,11 @@ pub(crate) struct Sink {
     /// The delivery reports' byte count as `in_flight_below` last read it (see there); 0 for a
     /// new producer, whose counts start at 0.
     reported_seen: u64,
+    /// How long a transaction's first send waits after the previous transaction ended, so that
+    /// its partitions join at once instead of after librdkafka's 20 ms retry (see `settle`).
+    settle: Settle,
+    /// When the previous transaction's commit or abort returned.
+    ended_at: Option<Instant>,
 }
 
 /// Records sent with an epoch's first output record only so that the marker partition and the
@@ -579,6 +599,10 @@ fn build_producer(
         .map_err(|e| BridgeError::kafka("create sink producer", e))
 }
 
+/// A transaction's first send this much later than its hold asked is a late start (see
+/// `Sink::hold_first_send`).
+const LATE_START: Duration = Duration::from_millis(1);
+
 /// Backoff for retriable transaction calls: short at first, never longer than two seconds.
 fn backoff(attempt: u32) -> Duration {
     Duration::from_millis((50u64 << attempt.min(6)).min(2000))
@@ -603,6 +627,8 @@ impl Sink {
             committed_marker: None,
             queue_full_nanos: AtomicU64::new(0),
             reported_seen: 0,
+            settle: Settle::default(),
+            ended_at: None,
         };
         sink.init_transactions(deadline)?;
         Ok(sink)
@@ -792,6 +818,54 @@ impl Sink {
         Ok(())
     }
 
+    /// Holds the open transaction's first send back until the hold `settle` picks has passed
+    /// since the previous transaction ended, and starts the clock that its first delivery report
+    /// stops. A transaction whose first record came after the hold anyway (an idle source) is
+    /// not measured: its time says nothing about the hold.
+    fn hold_first_send(&mut self) {
+        let Some(ended) = self.ended_at else {
+            return;
+        };
+        let until = ended + self.settle.choose();
+        let now = Instant::now();
+        if now > until + LATE_START {
+            self.settle.forget();
+            return;
+        }
+        if until > now {
+            std::thread::sleep(until - now);
+        }
+        let ctx = self.producer.context();
+        *ctx.first_report_at
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = None;
+        ctx.first_report_armed.store(true, Ordering::Release);
+    }
+
+    /// After a commit: `settle` learns how long the commit's successor waited for its first
+    /// report, and the next successor's hold counts from now.
+    fn ended(&mut self) {
+        let ctx = self.producer.context();
+        ctx.first_report_armed.store(false, Ordering::Release);
+        let first_report = ctx
+            .first_report_at
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        match (self.ended_at, first_report) {
+            (Some(ended), Some(report)) => {
+                self.settle.observe(report.saturating_duration_since(ended))
+            }
+            _ => self.settle.forget(),
+        }
+        self.ended_at = Some(Instant::now());
+    }
+
+    /// How long a transaction's first send waits after a commit now (a metric).
+    pub(crate) fn first_send_hold(&self) -> Duration {
+        self.settle.hold()
+    }
+
     /// Sends the open transaction's openers: the newest committed marker restated, and the
     /// offset mapping's opener.
     #[cold]
@@ -799,6 +873,7 @@ impl Sink {
         let Some(o) = self.openers.take() else {
             return Ok(());
         };
+        self.hold_first_send();
         if let Some(payload) = &self.committed_marker {
             self.send_marker_payload(payload)?;
         }
@@ -1181,6 +1256,7 @@ impl Sink {
                 .max(Duration::from_millis(1));
             match self.producer.commit_transaction(left) {
                 Ok(()) => {
+                    self.ended();
                     self.state = TxnState::Ready;
                     if let Some(payload) = self.sent_marker.take() {
                         self.committed_marker = Some(payload);
@@ -1227,6 +1303,14 @@ impl Sink {
                 Ok(()) => {
                     self.state = TxnState::Ready;
                     self.producer.context().take_failure();
+                    // Its purged records' reports may still come, so its start is not measured;
+                    // the coordinator writes abort markers as it writes commit markers.
+                    self.settle.forget();
+                    self.producer
+                        .context()
+                        .first_report_armed
+                        .store(false, Ordering::Release);
+                    self.ended_at = Some(Instant::now());
                     return Ok(());
                 }
                 Err(e) => {

@@ -128,6 +128,7 @@ fn a_sink_throttled_by_a_quota_makes_slow_progress_exactly_once() {
     let held = metric("eos_bridge_read_wait_seconds_total{reason=\"in_flight_limit\"}")
         + metric("eos_bridge_read_wait_seconds_total{reason=\"producer_queue\"}");
     let starved = metric("eos_bridge_read_wait_seconds_total{reason=\"source\"}");
+    let hold = bridge.metric("eos_bridge_first_send_hold_seconds");
     let status_limit = bridge.status().expect("status answers")["in_flight_limit_bytes"]
         .as_u64()
         .expect("status names the in-flight limit");
@@ -153,6 +154,11 @@ fn a_sink_throttled_by_a_quota_makes_slow_progress_exactly_once() {
         "in-flight limit {limit}"
     );
     assert_eq!(status_limit, limit as u64, "status and gauge agree");
+    // Whatever a throttled sink's acknowledgements teach it, the first send after a commit is
+    // never held longer than the ladder's top rung (docs/design.md, "The first send after a
+    // commit"), and the gauge is there.
+    let hold = hold.expect("eos_bridge_first_send_hold_seconds is exported");
+    assert!((0.0..=0.014).contains(&hold), "first send held {hold} s");
     // The input was all there before the bridge started, so what held reading back was the sink:
     // each epoch reads for at least a quarter of the interval, and reaches the limit at once.
     // (The source is waited for only at the start and once everything is read.)
