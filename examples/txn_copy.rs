@@ -81,6 +81,12 @@ struct Args {
     /// Copy each record's headers (the bridge's data path reads them for every record).
     #[arg(long)]
     copy_headers: bool,
+    /// With one producer: an epoch's first send waits until this many ms after the previous
+    /// commit, so that its AddPartitionsToTxn comes after the coordinator has written the
+    /// previous transaction's markers instead of being refused and retried by librdkafka 20 ms
+    /// later (the bridge learns its hold: src/sink/settle.rs).
+    #[arg(long, default_value_t = 0)]
+    hold_ms: u64,
 }
 
 type Txp = Arc<ThreadedProducer<Deliveries>>;
@@ -190,6 +196,9 @@ fn main() {
     // With two producers: the commit of the previous epoch, running while this one sends.
     let mut committing: Option<JoinHandle<u64>> = None;
     let mut opened = false;
+    let mut first_sent = false;
+    let mut committed_at: Option<Instant> = None;
+    let hold = Duration::from_millis(a.hold_ms);
     let mut last_barrier = Instant::now();
     let mut epoch_began = last_barrier;
     loop {
@@ -219,6 +228,7 @@ fn main() {
             }
             if producers.len() == 1 {
                 committed += commit(&producers[cur], barrier, flush, in_epoch, &timings);
+                committed_at = Some(Instant::now());
                 println!("P {} {}", now_ms(), committed);
             } else {
                 let (p, t, n) = (producers[cur].clone(), timings.clone(), in_epoch);
@@ -243,6 +253,7 @@ fn main() {
                 .expect("begin_transaction");
             epoch_began = Instant::now();
             opened = false;
+            first_sent = false;
             continue;
         }
         let msg = match consumer.poll(barrier_at.saturating_duration_since(now)) {
@@ -254,6 +265,15 @@ fn main() {
             Some(Ok(m)) => m,
         };
         let p = msg.partition();
+        if !first_sent {
+            if let Some(at) = committed_at {
+                let left = (at + hold).saturating_duration_since(Instant::now());
+                if !left.is_zero() {
+                    std::thread::sleep(left);
+                }
+            }
+            first_sent = true;
+        }
         // `--openers` requires `--side-records`, so `side` is set whenever it is.
         if a.openers && !opened {
             let t = side.as_deref().expect("--openers requires --side-records");
