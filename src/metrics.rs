@@ -41,7 +41,12 @@ const PREFIX: &str = "eos_bridge";
 
 /// The reasons of `read_wait_seconds_total`: the sink holds reading back (the in-flight limit,
 /// the producer's queue), or the source has nothing to read.
-pub(crate) const READ_WAIT_REASONS: [&str; 3] = ["in_flight_limit", "producer_queue", "source"];
+pub(crate) const READ_WAIT_REASONS: [&str; 4] = [
+    "in_flight_limit",
+    "producer_queue",
+    "transaction_start",
+    "source",
+];
 
 fn opts(name: &str, help: &str) -> Opts {
     Opts::new(name, help).namespace(PREFIX)
@@ -212,8 +217,8 @@ impl Metrics {
             read_wait_seconds: CounterVec::new(
                 opts(
                     "read_wait_seconds_total",
-                    "Time the read loop stood still, by reason: in_flight_limit and producer_queue \
-                     (the sink holds the bridge back), source (nothing to read).",
+                    "Time the read loop stood still, by reason: in_flight_limit, producer_queue \
+                     and transaction_start (the sink holds the bridge back), source (nothing to read).",
                 ),
                 &["reason"],
             )

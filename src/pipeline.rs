@@ -359,17 +359,20 @@ struct ReadWaits {
     read: Duration,
     in_flight_limit: Duration,
     producer_queue: Duration,
+    /// The transaction's first send held back after the previous commit (`Sink::first_send_held`).
+    transaction_start: Duration,
     source: Duration,
 }
 
 impl ReadWaits {
     /// The time of each reason of `read_wait_seconds_total`.
-    fn by_reason(&self) -> [(&'static str, Duration); 3] {
-        let [a, b, c] = crate::metrics::READ_WAIT_REASONS;
+    fn by_reason(&self) -> [(&'static str, Duration); 4] {
+        let [a, b, c, d] = crate::metrics::READ_WAIT_REASONS;
         [
             (a, self.in_flight_limit),
             (b, self.producer_queue),
-            (c, self.source),
+            (c, self.transaction_start),
+            (d, self.source),
         ]
     }
 }
@@ -1002,6 +1005,7 @@ impl<'a> Pipeline<'a> {
         };
         let read_start = Instant::now();
         let queue_waited_before = self.sink.queue_full_waited();
+        let held_before = self.sink.first_send_held();
         let stats = &mut read.stats;
         let mut count: u64 = 0;
         let holds = self.protocol.holds_records();
@@ -1180,6 +1184,7 @@ impl<'a> Pipeline<'a> {
             .sink
             .queue_full_waited()
             .saturating_sub(queue_waited_before);
+        read.waits.transaction_start = self.sink.first_send_held().saturating_sub(held_before);
         for (reason, took) in read.waits.by_reason() {
             self.shared
                 .metrics
@@ -1265,6 +1270,7 @@ impl<'a> Pipeline<'a> {
             wait_in_flight_ms = ms(Some(waits.in_flight_limit)),
             wait_queue_ms = ms(Some(waits.producer_queue)),
             wait_source_ms = ms(Some(waits.source)),
+            wait_start_ms = ms(Some(waits.transaction_start)),
             ok = result.is_ok(),
             "checkpoint completed"
         );

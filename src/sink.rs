@@ -527,6 +527,8 @@ pub(crate) struct Sink {
     settle: Settle,
     /// When the previous transaction's commit or abort returned.
     ended_at: Option<Instant>,
+    /// Time first sends were held back, ever: a share of `read_wait_seconds_total`.
+    first_send_held: Duration,
 }
 
 /// Records sent with an epoch's first output record only so that the marker partition and the
@@ -629,6 +631,7 @@ impl Sink {
             reported_seen: 0,
             settle: Settle::default(),
             ended_at: None,
+            first_send_held: Duration::ZERO,
         };
         sink.init_transactions(deadline)?;
         Ok(sink)
@@ -834,6 +837,7 @@ impl Sink {
         }
         if until > now {
             std::thread::sleep(until - now);
+            self.first_send_held += until - now;
         }
         let ctx = self.producer.context();
         *ctx.first_report_at
@@ -859,6 +863,11 @@ impl Sink {
             _ => self.settle.forget(),
         }
         self.ended_at = Some(Instant::now());
+    }
+
+    /// Time first sends were held back, ever (see `hold_first_send`).
+    pub(crate) fn first_send_held(&self) -> Duration {
+        self.first_send_held
     }
 
     /// How long a transaction's first send waits after a commit now (a metric).
