@@ -6,7 +6,7 @@
 //! Until then it answers CONCURRENT_TRANSACTIONS, and librdkafka 2.12.1 retries after a fixed
 //! 20 ms (`rd_kafka_txn_handle_AddPartitionsToTxn`), however soon the coordinator finishes. The
 //! next transaction's first send went out right after the commit, so nearly every transaction
-//! paid that retry: with librdkafka's debug log on, 48 of 51 checkpoints at 1 KB / 100 ms on the
+//! paid that retry: with librdkafka's debug log on, 40 of 50 checkpoints at 1 KB / 100 ms on the
 //! 2-core VM, and the sink sent nothing for 25-34 ms (median) after each commit. Holding the first
 //! send back 6 ms let nearly every registration through at once and cut the gap to ~10 ms
 //! (bench/README.md, "Session 32").
