@@ -1250,10 +1250,11 @@ impl<'a> Pipeline<'a> {
                 .commit_duration
                 .observe(took.as_secs_f64());
         }
+        let hold = self.sink.first_send_hold();
         self.shared
             .metrics
             .first_send_hold_seconds
-            .set(self.sink.first_send_hold().as_secs_f64());
+            .set(hold.as_secs_f64());
         let ms = |d: Option<Duration>| d.map_or(0.0, |d| d.as_secs_f64() * 1e3);
         debug!(
             checkpoint = c.id,
@@ -1265,7 +1266,7 @@ impl<'a> Pipeline<'a> {
             flush_ms = ms(progress.flush_took),
             store_ms = ms(progress.store_took),
             commit_ms = ms(progress.commit_took),
-            first_send_hold_ms = ms(Some(self.sink.first_send_hold())),
+            first_send_hold_ms = ms(Some(hold)),
             read_ms = ms(Some(waits.read)),
             wait_in_flight_ms = ms(Some(waits.in_flight_limit)),
             wait_queue_ms = ms(Some(waits.producer_queue)),

@@ -242,6 +242,24 @@ impl SinkContext {
         self.wakeup.reported(now, failed);
     }
 
+    /// Starts the clock that the next delivery report stops (see `first_report_armed`).
+    fn arm_first_report(&self) {
+        *self
+            .first_report_at
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = None;
+        self.first_report_armed.store(true, Ordering::Release);
+    }
+
+    /// Stops waiting for a first report, and takes its time if one came.
+    fn take_first_report(&self) -> Option<Instant> {
+        self.first_report_armed.store(false, Ordering::Release);
+        self.first_report_at
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take()
+    }
+
     fn sent_bytes(&self) -> u64 {
         self.sent_bytes.load(Ordering::Acquire)
     }
@@ -839,24 +857,13 @@ impl Sink {
             std::thread::sleep(until - now);
             self.first_send_held += until - now;
         }
-        let ctx = self.producer.context();
-        *ctx.first_report_at
-            .lock()
-            .unwrap_or_else(|p| p.into_inner()) = None;
-        ctx.first_report_armed.store(true, Ordering::Release);
+        self.producer.context().arm_first_report();
     }
 
     /// After a commit: `settle` learns how long the commit's successor waited for its first
     /// report, and the next successor's hold counts from now.
     fn ended(&mut self) {
-        let ctx = self.producer.context();
-        ctx.first_report_armed.store(false, Ordering::Release);
-        let first_report = ctx
-            .first_report_at
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .take();
-        match (self.ended_at, first_report) {
+        match (self.ended_at, self.producer.context().take_first_report()) {
             (Some(ended), Some(report)) => {
                 self.settle.observe(report.saturating_duration_since(ended))
             }
@@ -1315,10 +1322,7 @@ impl Sink {
                     // Its purged records' reports may still come, so its start is not measured;
                     // the coordinator writes abort markers as it writes commit markers.
                     self.settle.forget();
-                    self.producer
-                        .context()
-                        .first_report_armed
-                        .store(false, Ordering::Release);
+                    self.producer.context().take_first_report();
                     self.ended_at = Some(Instant::now());
                     return Ok(());
                 }
