@@ -99,7 +99,7 @@ fn input_read_back(p0: &[String]) -> String {
         .find(|&i| i != POISON_OFFSET && !p0[i].starts_with(&format!("p0-{:07}-", seq(i))));
     let around = |i: usize| {
         (i.saturating_sub(2)..(i + 3).min(p0.len()))
-            .map(|j| format!("{j}: {}", &p0[j][..p0[j].len().min(12)]))
+            .map(|j| format!("{j}: {}", p0[j].chars().take(12).collect::<String>()))
             .collect::<Vec<_>>()
             .join(", ")
     };

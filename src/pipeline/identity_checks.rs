@@ -264,9 +264,9 @@ pub(super) fn epoch_topics(
 /// the partitions it fetched had nothing new, and every epoch took half a second.
 ///
 /// The two clusters are asked at once. A checkpoint's commit waits for this answer, and on a busy
-/// broker one ask takes 1-2 ms at the median but 30-100 ms at its p99 (session 33: source and
-/// sink were seldom slow together), so asking one after the other made the commit wait for the
-/// sum of two tails.
+/// broker one ask took 1-2 ms at the median but 28-41 ms at its p99, up to 104 ms in a warm-up
+/// (session 33, bench/results/20261205-s33-checkpoint-tail.txt); source and sink were seldom slow
+/// together, so asking one after the other made the commit wait for the sum of two tails.
 pub(super) fn identity_of(
     source_admin: &Admin,
     admin: &Admin,
