@@ -273,17 +273,18 @@ pub(super) fn identity_of(
     (sources, sinks): &(Vec<String>, Vec<String>),
 ) -> Result<Identity> {
     let started = Instant::now();
+    let ask_sink = || (admin.ids(sinks), started.elapsed());
     let (s, k) = std::thread::scope(|scope| {
         let sink = std::thread::Builder::new()
             .name("eos-bridge-ids-sink".into())
-            .spawn_scoped(scope, || (admin.ids(sinks), started.elapsed()));
+            .spawn_scoped(scope, ask_sink);
         let s = (source_admin.ids(sources), started.elapsed());
         let k = match sink {
             Ok(asked) => asked
                 .join()
                 .unwrap_or_else(|panic| std::panic::resume_unwind(panic)),
             // No thread to spare: ask after the source, as before.
-            Err(_) => (admin.ids(sinks), started.elapsed()),
+            Err(_) => ask_sink(),
         };
         (s, k)
     });
