@@ -9,6 +9,7 @@ import hashlib
 import json
 import os
 import random
+import re
 import shutil
 import signal
 import socket
@@ -354,6 +355,33 @@ def end_offsets(bootstrap, topic):
 
 def count_committed(bootstrap, topic):
     return int(probe("count", "--bootstrap", bootstrap, topic))
+
+
+BATCH_LINE = re.compile(r"baseOffset: \d+ lastOffset: \d+ count: (\d+) .*isTransactional: (\w+) "
+                        r"isControl: (\w+) .*size: (\d+)")
+
+
+def log_batches(data_dir, topic):
+    """What a topic's log holds, batch by batch, read from the broker's segment files with Kafka's
+    own DumpLogSegments: the data batches, their records and bytes (as stored, compressed), and the
+    control batches (transaction markers). How a producer batched is what the broker paid for per
+    record; no client statistic of ours or the floor's is needed to compare them."""
+    files = sorted(os.path.join(data_dir, d, f) for d in os.listdir(data_dir)
+                   if d.rpartition("-")[0] == topic
+                   for f in os.listdir(os.path.join(data_dir, d)) if f.endswith(".log"))
+    if not files:
+        raise RuntimeError(f"no log segments of topic {topic} under {data_dir}")
+    out = subprocess.run([KAFKA_SCRIPT, "tool", "kafka.tools.DumpLogSegments", "--files", ",".join(files)],
+                         check=True, capture_output=True, text=True).stdout
+    data = {"batches": 0, "records": 0, "bytes": 0, "control": 0}
+    for m in BATCH_LINE.finditer(out):
+        if m.group(3) == "true":
+            data["control"] += 1
+        else:
+            data["batches"] += 1
+            data["records"] += int(m.group(1))
+            data["bytes"] += int(m.group(4))
+    return data
 
 
 def java_tool(lib, cls, args, log_path):
