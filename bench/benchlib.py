@@ -384,6 +384,31 @@ def log_batches(data_dir, topic):
     return data
 
 
+def jmx_heap(port, heap="-Xmx768m"):
+    """The broker's java options with remote JMX on 127.0.0.1:`port`, no auth (a benchmark broker
+    on the loopback only), for `broker_requests`."""
+    return (f"{heap} -Dcom.sun.management.jmxremote -Dcom.sun.management.jmxremote.port={port} "
+            f"-Dcom.sun.management.jmxremote.rmi.port={port} -Dcom.sun.management.jmxremote.authenticate=false "
+            f"-Dcom.sun.management.jmxremote.ssl=false -Djava.rmi.server.hostname=127.0.0.1")
+
+
+REQUEST_COUNT = re.compile(r"RequestMetrics,name=RequestsPerSec,request=(\w+),version=\d+:Count=([0-9.E]+)")
+
+
+def broker_requests(port):
+    """Requests the broker has handled since it started, by type (Kafka's RequestMetrics
+    `RequestsPerSec` counts, all versions summed), read over JMX with Kafka's JmxTool."""
+    out = subprocess.run([KAFKA_SCRIPT, "tool", "org.apache.kafka.tools.JmxTool", "--jmx-url",
+                          f"service:jmx:rmi:///jndi/rmi://127.0.0.1:{port}/jmxrmi", "--object-name",
+                          "kafka.network:type=RequestMetrics,name=RequestsPerSec,request=*,version=*",
+                          "--attributes", "Count", "--one-time", "true", "--report-format", "properties"],
+                         check=True, capture_output=True, text=True).stdout
+    counts = {}
+    for m in REQUEST_COUNT.finditer(out):
+        counts[m.group(1)] = counts.get(m.group(1), 0) + int(float(m.group(2)))
+    return counts
+
+
 def java_tool(lib, cls, args, log_path):
     """Runs a Kafka CLI class with full JIT (scripts/kafka tool limits the JIT to start fast).
     Returns (stdout, cpu seconds, peak RSS MB, wall seconds) of the JVM."""
