@@ -299,6 +299,9 @@ class Broker:
         self.name = name
         self.bootstrap = None
         self.pid = None
+        # scripts/kafka keeps each named broker's run dir here; its log.dirs is `data` inside.
+        self.run_dir = os.path.join(KAFKA_CACHE, "run", name)
+        self.data_dir = os.path.join(self.run_dir, "data")
 
     def start(self, heap=None):
         env = dict(os.environ)
@@ -307,7 +310,7 @@ class Broker:
         out = subprocess.run([KAFKA_SCRIPT, "start", "--name", self.name, "--fresh"], check=True,
                              capture_output=True, text=True, env=env).stdout
         self.bootstrap = out.strip().splitlines()[-1]
-        with open(os.path.join(KAFKA_CACHE, "run", self.name, "pid")) as f:
+        with open(os.path.join(self.run_dir, "pid")) as f:
             self.pid = int(f.read().strip())
         log(f"broker '{self.name}' up at {self.bootstrap} (pid {self.pid})")
         return self
@@ -357,6 +360,13 @@ def count_committed(bootstrap, topic):
     return int(probe("count", "--bootstrap", bootstrap, topic))
 
 
+def kafka_tool(cls, *args):
+    """The stdout of a Kafka command-line class run through scripts/kafka tool (its class path, a
+    short-lived JVM); a failure raises."""
+    return subprocess.run([KAFKA_SCRIPT, "tool", cls, *args], check=True, capture_output=True,
+                          text=True).stdout
+
+
 BATCH_LINE = re.compile(r"baseOffset: \d+ lastOffset: \d+ count: (\d+) .*isTransactional: (\w+) "
                         r"isControl: (\w+) .*size: (\d+)")
 
@@ -371,8 +381,7 @@ def log_batches(data_dir, topic):
                    for f in os.listdir(os.path.join(data_dir, d)) if f.endswith(".log"))
     if not files:
         raise RuntimeError(f"no log segments of topic {topic} under {data_dir}")
-    out = subprocess.run([KAFKA_SCRIPT, "tool", "kafka.tools.DumpLogSegments", "--files", ",".join(files)],
-                         check=True, capture_output=True, text=True).stdout
+    out = kafka_tool("kafka.tools.DumpLogSegments", "--files", ",".join(files))
     data = {"batches": 0, "records": 0, "bytes": 0, "control": 0}
     for m in BATCH_LINE.finditer(out):
         if m.group(3) == "true":
@@ -398,11 +407,10 @@ REQUEST_COUNT = re.compile(r"RequestMetrics,name=RequestsPerSec,request=(\w+),ve
 def broker_requests(port):
     """Requests the broker has handled since it started, by type (Kafka's RequestMetrics
     `RequestsPerSec` counts, all versions summed), read over JMX with Kafka's JmxTool."""
-    out = subprocess.run([KAFKA_SCRIPT, "tool", "org.apache.kafka.tools.JmxTool", "--jmx-url",
-                          f"service:jmx:rmi:///jndi/rmi://127.0.0.1:{port}/jmxrmi", "--object-name",
-                          "kafka.network:type=RequestMetrics,name=RequestsPerSec,request=*,version=*",
-                          "--attributes", "Count", "--one-time", "true", "--report-format", "properties"],
-                         check=True, capture_output=True, text=True).stdout
+    out = kafka_tool("org.apache.kafka.tools.JmxTool", "--jmx-url",
+                     f"service:jmx:rmi:///jndi/rmi://127.0.0.1:{port}/jmxrmi", "--object-name",
+                     "kafka.network:type=RequestMetrics,name=RequestsPerSec,request=*,version=*",
+                     "--attributes", "Count", "--one-time", "true", "--report-format", "properties")
     counts = {}
     for m in REQUEST_COUNT.finditer(out):
         counts[m.group(1)] = counts.get(m.group(1), 0) + int(float(m.group(2)))
