@@ -241,6 +241,13 @@ impl Source {
         cc.set("queued.max.messages.kbytes", "4096")
             .set("queued.min.messages", "20000")
             .set("fetch.queue.backoff.ms", "10");
+        // A caught-up consumer keeps one fetch parked at the broker for fetch.wait.max.ms (500 ms
+        // by default), and librdkafka sends the next fetch to that broker only once it returns.
+        // So a rewind (every abort) or a new partition read nothing for up to half a second, all
+        // of the quarter-interval an epoch reads after a slow checkpoint (tests/slow_sink.rs:
+        // 236-249 ms of 250 after each of the first two aborts; 0.4-53 ms with 50). A parked
+        // fetch still returns as soon as a record arrives, so 100 ms costs only idle requests.
+        cc.set("fetch.wait.max.ms", "100");
         // A fetch in flight when the prefetch fills lands on top of it: librdkafka sizes fetches
         // at the prefetch's bytes (4 MiB), so the peak was twice the prefetch. 2 MiB took 100 B
         // peak RSS from 67 to 51 MB (with the 20,000 records above) at the same records/s, at 1 KB
