@@ -303,10 +303,12 @@ class Broker:
         self.run_dir = os.path.join(KAFKA_CACHE, "run", name)
         self.data_dir = os.path.join(self.run_dir, "data")
 
-    def start(self, heap=None):
+    def start(self, heap=None, java_opts=None):
         env = dict(os.environ)
         if heap:
             env["EOS_BRIDGE_KAFKA_HEAP"] = heap
+        if java_opts:
+            env["EOS_BRIDGE_KAFKA_OPTS"] = java_opts
         out = subprocess.run([KAFKA_SCRIPT, "start", "--name", self.name, "--fresh"], check=True,
                              capture_output=True, text=True, env=env).stdout
         self.bootstrap = out.strip().splitlines()[-1]
@@ -393,10 +395,10 @@ def log_batches(data_dir, topic):
     return data
 
 
-def jmx_heap(port, heap="-Xmx768m"):
-    """The broker's java options with remote JMX on 127.0.0.1:`port`, no auth (a benchmark broker
-    on the loopback only), for `broker_requests`."""
-    return (f"{heap} -Dcom.sun.management.jmxremote -Dcom.sun.management.jmxremote.port={port} "
+def jmx_opts(port):
+    """The broker's JVM options for remote JMX on 127.0.0.1:`port`, no auth (a benchmark broker on
+    the loopback only), for `broker_requests`; `Broker.start(java_opts=...)` adds them to its heap."""
+    return (f"-Dcom.sun.management.jmxremote -Dcom.sun.management.jmxremote.port={port} "
             f"-Dcom.sun.management.jmxremote.rmi.port={port} -Dcom.sun.management.jmxremote.authenticate=false "
             f"-Dcom.sun.management.jmxremote.ssl=false -Djava.rmi.server.hostname=127.0.0.1")
 
