@@ -21,7 +21,7 @@ const PER_PARTITION: usize = 1_500;
 const PAD: usize = 1_000;
 const QUOTA_BYTES_PER_S: &str = "131072";
 /// The default sink.max_in_flight_bytes, where the limit starts.
-const DEFAULT_CAP: u64 = 8 * 1024 * 1024;
+const DEFAULT_CAP: u64 = 16 * 1024 * 1024;
 
 /// A client quota on one client id, removed again when dropped (also when the test fails).
 struct Quota {
