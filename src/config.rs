@@ -138,7 +138,9 @@ pub struct SinkConfig {
     pub dead_letter_topic: String,
     /// At 1 KB / 100 ms, 8 MiB held reading back 13-22 % of its time and 16 MiB not at all: 16 MiB
     /// drained faster in 9 of 11 paired rounds (median 1.09x) for 1-3 MB more peak RSS
-    /// (bench/README.md, "Session 37"). A slow sink is unaffected: the working limit adapts below it.
+    /// (bench/README.md, "Session 37"). The cost on a slow sink is at start only: one first flush
+    /// may time out where 8 MiB fitted (a sink below 16 MiB per `checkpoint.timeout`), and the
+    /// working limit then follows the sink's measured rate.
     #[serde(deserialize_with = "count")]
     #[default(16 * MIB)]
     pub max_in_flight_bytes: u64,
