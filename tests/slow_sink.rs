@@ -20,8 +20,11 @@ const PARTITIONS: i32 = 2;
 const PER_PARTITION: usize = 1_500;
 const PAD: usize = 1_000;
 const QUOTA_BYTES_PER_S: &str = "131072";
-/// The default sink.max_in_flight_bytes, where the limit starts.
-const DEFAULT_CAP: u64 = 16 * 1024 * 1024;
+
+/// Where the limit starts: the default sink.max_in_flight_bytes, read from the config, not restated.
+fn default_cap() -> u64 {
+    eos_bridge::config::SinkConfig::default().max_in_flight_bytes
+}
 
 /// A client quota on one client id, removed again when dropped (also when the test fails).
 struct Quota {
@@ -151,7 +154,7 @@ fn a_sink_throttled_by_a_quota_makes_slow_progress_exactly_once() {
     );
     // A cap-sized flush takes 64 s at this rate: the limit must have come down to the sink's pace.
     assert!(
-        (limit as u64) < DEFAULT_CAP && limit > 0.0,
+        (limit as u64) < default_cap() && limit > 0.0,
         "in-flight limit {limit}"
     );
     assert_eq!(status_limit, limit as u64, "status and gauge agree");
