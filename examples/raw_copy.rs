@@ -24,6 +24,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use clap::Parser;
+use rdkafka::bindings as rdsys;
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
 use rdkafka::message::Message;
 use rdkafka::producer::{Producer, ThreadedProducer};
@@ -48,6 +49,12 @@ struct Args {
     /// Stop once every record present at start has been copied and acknowledged.
     #[arg(long)]
     until_end: bool,
+    /// Read with librdkafka's rd_kafka_consume_batch_queue, up to this many records per call,
+    /// instead of rdkafka's per-record poll (0): a probe of what the poll path costs a copier
+    /// (bench/README.md, "Session 38"; examples/consume_cost.rs measures reading alone). Records
+    /// with headers are refused in this mode.
+    #[arg(long, default_value_t = 0)]
+    batch: usize,
 }
 
 fn main() {
@@ -64,6 +71,10 @@ fn main() {
     let total: i64 = ends.values().sum();
     let mut next: HashMap<i32, i64> = ends.keys().map(|&p| (p, 0)).collect();
     let mut copied: i64 = 0;
+    // SAFETY: a handle on the consumer's own queue, kept for the process's life like the
+    // consumer (main returns only to exit).
+    let batch_queue = unsafe { rdsys::rd_kafka_queue_get_consumer(consumer.client().native_ptr()) };
+    let mut batch_buf: Vec<*mut rdsys::rd_kafka_message_t> = vec![std::ptr::null_mut(); a.batch];
 
     let out = std::io::stdout();
     println!("READY {}", now_ms());
@@ -109,6 +120,58 @@ fn main() {
             wait_acked(&producer);
             commit(&next, CommitMode::Async);
             last_commit = Instant::now();
+        }
+        if a.batch > 0 {
+            // SAFETY: the consumer outlives the queue handle; only this thread reads its queue;
+            // each message is copied (librdkafka copies key and payload on produce) and then
+            // destroyed.
+            unsafe {
+                let got = rdsys::rd_kafka_consume_batch_queue(
+                    batch_queue,
+                    50,
+                    batch_buf.as_mut_ptr(),
+                    a.batch,
+                );
+                assert!(got >= 0, "rd_kafka_consume_batch_queue failed");
+                for &mp in &batch_buf[..got as usize] {
+                    let m = &*mp;
+                    if m.err != rdsys::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_NO_ERROR {
+                        eprintln!("raw_copy: consumer error {:?}", m.err);
+                        rdsys::rd_kafka_message_destroy(mp);
+                        continue;
+                    }
+                    // Parsed as the poll path's msg.headers() parses them, so both pay it.
+                    let mut hdrs = std::ptr::null_mut();
+                    let has_headers = rdsys::rd_kafka_message_headers(mp, &mut hdrs)
+                        == rdsys::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_NO_ERROR
+                        && rdsys::rd_kafka_header_cnt(hdrs) > 0;
+                    assert!(!has_headers, "--batch copies no headers");
+                    let bytes = |p: *mut std::ffi::c_void, n: usize| {
+                        (!p.is_null()).then(|| std::slice::from_raw_parts(p as *const u8, n))
+                    };
+                    let p = m.partition;
+                    let mut rec =
+                        rdkafka::producer::BaseRecord::<[u8], [u8], ()>::to(&a.copy.output)
+                            .partition(p);
+                    if let Some(k) = bytes(m.key, m.key_len) {
+                        rec = rec.key(k);
+                    }
+                    if let Some(v) = bytes(m.payload, m.len) {
+                        rec = rec.payload(v);
+                    }
+                    let ts = rdsys::rd_kafka_message_timestamp(mp, std::ptr::null_mut());
+                    if ts >= 0 {
+                        rec = rec.timestamp(ts);
+                    }
+                    send_waiting(&producer, rec, Duration::from_millis(1));
+                    next.insert(p, m.offset + 1);
+                    if a.until_end && m.offset < ends[&p] {
+                        copied += 1;
+                    }
+                    rdsys::rd_kafka_message_destroy(mp);
+                }
+            }
+            continue;
         }
         let msg = match consumer.poll(Duration::from_millis(50)) {
             None => continue,
