@@ -28,6 +28,8 @@ enum Mode {
     Poll,
     /// librdkafka's rd_kafka_consume_batch_queue: one queue lock per batch.
     Batch,
+    /// librdkafka's rd_kafka_consumer_poll: a record per call, without rdkafka's event wrapper.
+    Single,
 }
 
 #[derive(Parser)]
@@ -124,6 +126,40 @@ fn main() {
                 started(&t);
             }
         }
+        Mode::Single => {
+            let rk = consumer.client().native_ptr();
+            while (t.records as i64) < total && Instant::now() < deadline {
+                // SAFETY: a live consumer; the message returned is destroyed once touched.
+                unsafe {
+                    let mut mp = rdsys::rd_kafka_consumer_poll(rk, 0);
+                    if mp.is_null() {
+                        mp = rdsys::rd_kafka_consumer_poll(rk, 100);
+                        if mp.is_null() {
+                            continue;
+                        }
+                    }
+                    let m = &*mp;
+                    assert!(
+                        m.err == rdsys::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_NO_ERROR,
+                        "consume error {:?}",
+                        m.err
+                    );
+                    let slice = |p: *mut std::ffi::c_void, n: usize| {
+                        (!p.is_null()).then(|| std::slice::from_raw_parts(p as *const u8, n))
+                    };
+                    let ts = rdsys::rd_kafka_message_timestamp(mp, std::ptr::null_mut());
+                    t.touch(
+                        slice(m.key, m.key_len),
+                        slice(m.payload, m.len),
+                        m.partition,
+                        m.offset,
+                        ts,
+                    );
+                    rdsys::rd_kafka_message_destroy(mp);
+                }
+                started(&t);
+            }
+        }
         Mode::Batch => {
             let rk = consumer.client().native_ptr();
             // SAFETY: the consumer outlives the queue handle, destroyed below; only this thread
@@ -177,6 +213,7 @@ fn main() {
         match a.mode {
             Mode::Poll => "poll",
             Mode::Batch => "batch",
+            Mode::Single => "single",
         },
         t.records,
         t.bytes,
