@@ -1066,7 +1066,7 @@ impl<'a> Pipeline<'a> {
                     break;
                 }
             }
-            let polled = match self.source.poll(Duration::ZERO) {
+            let polled = match self.source.poll(Duration::ZERO)? {
                 Some(polled) => Some(polled),
                 None => {
                     // Nothing ready: how long to wait depends on the time now, not at the last look.
@@ -1077,7 +1077,7 @@ impl<'a> Pipeline<'a> {
                     let wait = barrier_at
                         .saturating_duration_since(now)
                         .min(Duration::from_millis(100));
-                    let polled = self.source.poll(wait);
+                    let polled = self.source.poll(wait)?;
                     read.waits.source += now.elapsed();
                     polled
                 }

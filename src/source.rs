@@ -9,6 +9,9 @@
 //! which the next epoch polls (docs/design.md "Reading on during a checkpoint"); nothing here polls
 //! then, so the consumer's position stays at the barrier until the next epoch starts.
 
+mod records;
+
+use std::cell::RefCell;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Mutex;
 use std::time::Duration;
@@ -17,7 +20,7 @@ use integer_encoding::VarInt;
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext};
 use rdkafka::error::{KafkaError, KafkaResult, RDKafkaErrorCode};
-use rdkafka::message::{BorrowedHeaders, BorrowedMessage, Headers, Message};
+use rdkafka::message::{BorrowedHeaders, Headers, Message};
 use rdkafka::statistics::Statistics;
 use rdkafka::{ClientContext, Offset, TopicPartitionList};
 use regex::Regex;
@@ -25,6 +28,9 @@ use regex::Regex;
 use crate::config::{Config, OnBadRecord, StartPosition, SOURCE_TOPIC_PLACEHOLDER};
 use crate::error::{is_auth, BridgeError, Result};
 use crate::positions::Positions;
+
+use records::Batches;
+pub(crate) use records::SourceRecord;
 
 const METADATA_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -141,7 +147,7 @@ impl Selection {
 /// partition holds a reference to its topic's handle, so no other topic's handle can take that
 /// address meanwhile. The read loop compares handles within one epoch only, and the assignment
 /// changes only between epochs (on the pipeline's own thread).
-pub(crate) fn topic_handle(m: &BorrowedMessage<'_>) -> usize {
+pub(crate) fn topic_handle(m: &SourceRecord<'_>) -> usize {
     // SAFETY: `ptr` is the live message `m` borrows; only its topic handle field is read, and the
     // address is only compared, never dereferenced.
     unsafe { (*m.ptr()).rkt as usize }
@@ -153,7 +159,7 @@ pub(crate) fn topic_handle(m: &BorrowedMessage<'_>) -> usize {
 /// it still allocates, zeroes and frees a parse buffer to read the count of zero: ~980
 /// instructions per record, 9 % of the bridge's at 100 B (bench/README.md, "Session 31"). Most
 /// records can be told headerless without that: see [`headerless_in_place`].
-pub(crate) fn headers_of<'m>(m: &'m BorrowedMessage<'_>) -> Option<&'m BorrowedHeaders> {
+pub(crate) fn headers_of<'m>(m: &'m SourceRecord<'_>) -> Option<&'m BorrowedHeaders> {
     // SAFETY: the payload is a consumed record's value as librdkafka hands it out.
     if m.payload()
         .is_some_and(|v| unsafe { headerless_in_place(v) })
@@ -205,6 +211,9 @@ pub(crate) fn record_bytes(m: &impl Message) -> u64 {
 }
 
 pub(crate) struct Source {
+    // Before the consumer: fields drop in order, and the buffered records and the queue must be
+    // released before the consumer is destroyed.
+    batches: RefCell<Batches>,
     consumer: BaseConsumer<SourceContext>,
     selection: Selection,
     instance: u32,
@@ -213,20 +222,6 @@ pub(crate) struct Source {
 
 /// Our fetch.max.bytes when [source.kafka] sizes neither messages nor the prefetch.
 const FETCH_MAX_BYTES: usize = 2 * 1024 * 1024;
-
-/// Polls without a timeout first: with a record ready (nearly always, while draining) librdkafka
-/// then does not read the clock for the timeout. Kept because it costs nothing, not for a measured
-/// gain: rdkafka and librdkafka read the clock per record elsewhere too, and the pipeline thread's
-/// share in it stayed at ~3.4 % (bench/results/20261202-profile-eos-100b-100ms-s10-*).
-fn poll_consumer<C: ConsumerContext>(
-    consumer: &BaseConsumer<C>,
-    timeout: Duration,
-) -> Option<KafkaResult<BorrowedMessage<'_>>> {
-    match consumer.poll(Duration::ZERO) {
-        None if !timeout.is_zero() => consumer.poll(timeout),
-        polled => polled,
-    }
-}
 
 impl Source {
     pub(crate) fn new(cfg: &Config) -> Result<Source> {
@@ -284,6 +279,7 @@ impl Source {
             .create_with_context(SourceContext::default())
             .map_err(|e| BridgeError::kafka("create source consumer", e))?;
         Ok(Source {
+            batches: RefCell::new(Batches::new(consumer.client().native_ptr())),
             consumer,
             selection: Selection::new(cfg)?,
             instance: cfg.bridge.instance,
@@ -386,6 +382,9 @@ impl Source {
     /// Assigns exactly these partitions at these positions; also the way to rewind, since a new
     /// assignment drops whatever was prefetched.
     pub(crate) fn assign(&self, positions: &Positions) -> Result<()> {
+        self.batches
+            .borrow_mut()
+            .assigning(positions.iter().map(|(t, p, _)| (t, p)))?;
         let mut tpl = TopicPartitionList::new();
         for (t, p, o) in positions.iter() {
             tpl.add_partition_offset(t, p, Offset::Offset(o))
@@ -396,9 +395,35 @@ impl Source {
             .map_err(|e| BridgeError::kafka("assign", e))
     }
 
-    /// The next record, the consumer's own message (not copied).
-    pub(crate) fn poll(&self, timeout: Duration) -> Option<KafkaResult<BorrowedMessage<'_>>> {
-        poll_consumer(&self.consumer, timeout)
+    /// The next record, the consumer's own message (not copied), waiting up to `timeout` when
+    /// none is ready; or a consumer error. Whenever its buffer of records runs dry it first lets
+    /// rdkafka serve the consumer's own queue (statistics, logs and errors: see `records`).
+    ///
+    /// Err: a record arrived on the consumer's own queue, outside the forwarding, so that the
+    /// order of its partition is no longer ours to keep; the epoch must abort and rewind.
+    pub(crate) fn poll(&self, timeout: Duration) -> Result<Option<KafkaResult<SourceRecord<'_>>>> {
+        let mut batches = self.batches.borrow_mut();
+        if batches.is_empty() {
+            match self.consumer.poll(Duration::ZERO) {
+                None => {}
+                Some(Err(e)) => return Ok(Some(Err(e))),
+                Some(Ok(stray)) => {
+                    tracing::error!(
+                        topic = stray.topic(),
+                        partition = stray.partition(),
+                        offset = stray.offset(),
+                        "a source record arrived outside the bridge's record queue; the epoch \
+                         aborts and reads it again in order"
+                    );
+                    return Err(BridgeError::kafka(
+                        "consume (a record outside the record queue)",
+                        KafkaError::MessageConsumption(RDKafkaErrorCode::Fail),
+                    ));
+                }
+            }
+            batches.fill(timeout)?;
+        }
+        Ok(batches.next())
     }
 
     /// `positions` (what the epoch read, record offset + 1), each moved to the consumer's position
@@ -410,11 +435,13 @@ impl Source {
     /// the source cluster).
     pub(crate) fn positions_past_markers(&self, positions: &Positions) -> Positions {
         let read = self.consumer.position().unwrap_or_default();
+        // librdkafka's position is past the records buffered here too.
+        let pending = self.batches.borrow().pending_partitions();
         positions
             .iter()
             .map(|(t, p, o)| {
                 let at = match read.find_partition(t, p).map(|e| e.offset()) {
-                    Some(Offset::Offset(r)) if r > o => r,
+                    Some(Offset::Offset(r)) if r > o && !pending.contains(&(t.to_string(), p)) => r,
                     _ => o,
                 };
                 (t.to_string(), p, at)
