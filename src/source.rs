@@ -7,7 +7,9 @@
 //!
 //! While a checkpoint completes, the consumer's own fetcher reads on into its bounded prefetch,
 //! which the next epoch polls (docs/design.md "Reading on during a checkpoint"); nothing here polls
-//! then, so the consumer's position stays at the barrier until the next epoch starts.
+//! then. Records are taken off librdkafka a batch at a time (`records`), so up to one batch read
+//! past the barrier waits in the source's buffer for the next epoch, and librdkafka's position of
+//! their partitions is already past them (`positions_past_markers` leaves those alone).
 
 mod records;
 
@@ -380,7 +382,7 @@ impl Source {
     }
 
     /// Assigns exactly these partitions at these positions; also the way to rewind, since a new
-    /// assignment drops whatever was prefetched.
+    /// assignment drops whatever was prefetched (librdkafka's queue by version, our buffer here).
     pub(crate) fn assign(&self, positions: &Positions) -> Result<()> {
         self.batches
             .borrow_mut()
