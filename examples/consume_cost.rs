@@ -84,6 +84,36 @@ impl Touched {
     }
 }
 
+impl Touched {
+    /// Touches a message librdkafka returned and destroys it.
+    ///
+    /// # Safety
+    /// `mp` must be a live message of ours, not used after this call.
+    unsafe fn touch_and_destroy(&mut self, mp: *mut rdsys::rd_kafka_message_t) {
+        // SAFETY: per the contract; key and payload live until the destroy below.
+        unsafe {
+            let m = &*mp;
+            assert!(
+                m.err == rdsys::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_NO_ERROR,
+                "consume error {:?}",
+                m.err
+            );
+            let slice = |p: *mut std::ffi::c_void, n: usize| {
+                (!p.is_null()).then(|| std::slice::from_raw_parts(p as *const u8, n))
+            };
+            let ts = rdsys::rd_kafka_message_timestamp(mp, std::ptr::null_mut());
+            self.touch(
+                slice(m.key, m.key_len),
+                slice(m.payload, m.len),
+                m.partition,
+                m.offset,
+                ts,
+            );
+            rdsys::rd_kafka_message_destroy(mp);
+        }
+    }
+}
+
 fn main() {
     let a = Args::parse();
     let group = format!("bench-consume-cost-{}", std::process::id());
@@ -138,24 +168,7 @@ fn main() {
                             continue;
                         }
                     }
-                    let m = &*mp;
-                    assert!(
-                        m.err == rdsys::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_NO_ERROR,
-                        "consume error {:?}",
-                        m.err
-                    );
-                    let slice = |p: *mut std::ffi::c_void, n: usize| {
-                        (!p.is_null()).then(|| std::slice::from_raw_parts(p as *const u8, n))
-                    };
-                    let ts = rdsys::rd_kafka_message_timestamp(mp, std::ptr::null_mut());
-                    t.touch(
-                        slice(m.key, m.key_len),
-                        slice(m.payload, m.len),
-                        m.partition,
-                        m.offset,
-                        ts,
-                    );
-                    rdsys::rd_kafka_message_destroy(mp);
+                    t.touch_and_destroy(mp);
                 }
                 started(&t);
             }
@@ -174,24 +187,7 @@ fn main() {
                         rdsys::rd_kafka_consume_batch_queue(q, 100, buf.as_mut_ptr(), a.batch);
                     assert!(got >= 0, "rd_kafka_consume_batch_queue failed");
                     for &mp in &buf[..got as usize] {
-                        let m = &*mp;
-                        assert!(
-                            m.err == rdsys::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_NO_ERROR,
-                            "consume error {:?}",
-                            m.err
-                        );
-                        let slice = |p: *mut std::ffi::c_void, n: usize| {
-                            (!p.is_null()).then(|| std::slice::from_raw_parts(p as *const u8, n))
-                        };
-                        let ts = rdsys::rd_kafka_message_timestamp(mp, std::ptr::null_mut());
-                        t.touch(
-                            slice(m.key, m.key_len),
-                            slice(m.payload, m.len),
-                            m.partition,
-                            m.offset,
-                            ts,
-                        );
-                        rdsys::rd_kafka_message_destroy(mp);
+                        t.touch_and_destroy(mp);
                     }
                     started(&t);
                 }

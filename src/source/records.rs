@@ -77,6 +77,15 @@ impl Drop for SourceRecord<'_> {
     }
 }
 
+/// The name of a consumed message's topic.
+///
+/// # Safety
+/// `rkt` must be the topic handle of a live consumed message; the name lives as long as it.
+unsafe fn topic_name<'a>(rkt: *mut rdsys::rd_kafka_topic_t) -> &'a CStr {
+    // SAFETY: rd_kafka_topic_name returns the handle's NUL-terminated name.
+    unsafe { CStr::from_ptr(rdsys::rd_kafka_topic_name(rkt)) }
+}
+
 /// Bytes librdkafka hands out as a pointer and a length; None for a null pointer.
 ///
 /// # Safety
@@ -109,9 +118,8 @@ impl Message for SourceRecord<'_> {
     }
 
     fn topic(&self) -> &str {
-        // SAFETY: a consumed message's topic handle lives as long as the message, and
-        // rd_kafka_topic_name returns its NUL-terminated name.
-        let name = unsafe { CStr::from_ptr(rdsys::rd_kafka_topic_name(self.msg().rkt)) };
+        // SAFETY: a consumed message's topic handle lives as long as the message.
+        let name = unsafe { topic_name(self.msg().rkt) };
         name.to_str().expect("a topic name is UTF-8")
     }
 
@@ -304,8 +312,8 @@ impl Batches {
                 continue;
             }
             seen.push(key);
-            // SAFETY: see `SourceRecord::topic`.
-            let name = unsafe { CStr::from_ptr(rdsys::rd_kafka_topic_name(m.rkt)) };
+            // SAFETY: a message just taken off the queue.
+            let name = unsafe { topic_name(m.rkt) };
             self.unconfirmed
                 .remove(&(name.to_string_lossy().into_owned(), m.partition));
         }
@@ -352,7 +360,7 @@ impl Batches {
             .map(|Owned(m)| {
                 // SAFETY: buffered messages are live; see `SourceRecord::topic`.
                 let m = unsafe { m.as_ref() };
-                let name = unsafe { CStr::from_ptr(rdsys::rd_kafka_topic_name(m.rkt)) };
+                let name = unsafe { topic_name(m.rkt) };
                 (name.to_string_lossy().into_owned(), m.partition)
             })
             .collect()
