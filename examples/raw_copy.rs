@@ -2,8 +2,9 @@
 //!
 //! One thread, the same shape as the bridge's pipeline: a `BaseConsumer` assigned every partition
 //! of the input topic with the bridge's source defaults (read_committed, a 4 MiB / 20,000-record
-//! prefetch), read up to 1,000 records per call as the bridge reads (`--batch`), and a `ThreadedProducer` with the bridge's sink defaults (linger.ms=1, a
-//! 10,000-record queue, batch.size=1000000, lz4, idempotence). Each record keeps its
+//! prefetch), read up to 1,000 records per call as the bridge reads (`--batch`), and a
+//! `ThreadedProducer` with the bridge's sink defaults (linger.ms=1, a 10,000-record queue,
+//! batch.size=1000000, lz4, idempotence). Each record keeps its
 //! partition, key, headers and timestamp. Every `--commit-ms` it waits until every record sent is
 //! acknowledged, then commits the consumed positions to a consumer group: at-least-once, no
 //! transactions.
@@ -24,7 +25,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use clap::Parser;
-use rdkafka::bindings as rdsys;
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
 use rdkafka::message::Message;
 use rdkafka::producer::{Producer, ThreadedProducer};
@@ -32,7 +32,7 @@ use rdkafka::{Offset, TopicPartitionList};
 
 use common::{
     assign_all_from_start, bridge_consumer, bridge_producer, copy_of, now_ms, send_waiting,
-    wait_acked, CopyTopics, Deliveries,
+    wait_acked, BatchReader, CopyTopics, Deliveries,
 };
 
 #[derive(Parser)]
@@ -51,8 +51,7 @@ struct Args {
     until_end: bool,
     /// Records read per call of librdkafka's rd_kafka_consume_batch_queue, as the bridge reads
     /// since session 38; 0 reads with rdkafka's per-record poll, as both did before (bench/README.md,
-    /// "Session 38"). Records with headers are refused when reading in batches, and consumer
-    /// errors are printed but statistics and logs are not served (nothing here asks for them).
+    /// "Session 38"). Consumer errors are printed either way.
     #[arg(long, default_value_t = 1000)]
     batch: usize,
 }
@@ -71,10 +70,7 @@ fn main() {
     let total: i64 = ends.values().sum();
     let mut next: HashMap<i32, i64> = ends.keys().map(|&p| (p, 0)).collect();
     let mut copied: i64 = 0;
-    // SAFETY: a handle on the consumer's own queue, kept for the process's life like the
-    // consumer (main returns only to exit).
-    let batch_queue = unsafe { rdsys::rd_kafka_queue_get_consumer(consumer.client().native_ptr()) };
-    let mut batch_buf: Vec<*mut rdsys::rd_kafka_message_t> = vec![std::ptr::null_mut(); a.batch];
+    let mut reader = (a.batch > 0).then(|| BatchReader::new(&consumer, a.batch));
 
     let out = std::io::stdout();
     println!("READY {}", now_ms());
@@ -121,56 +117,19 @@ fn main() {
             commit(&next, CommitMode::Async);
             last_commit = Instant::now();
         }
-        if a.batch > 0 {
-            // SAFETY: the consumer outlives the queue handle; only this thread reads its queue;
-            // each message is copied (librdkafka copies key and payload on produce) and then
-            // destroyed.
-            unsafe {
-                let got = rdsys::rd_kafka_consume_batch_queue(
-                    batch_queue,
-                    50,
-                    batch_buf.as_mut_ptr(),
-                    a.batch,
-                );
-                assert!(got >= 0, "rd_kafka_consume_batch_queue failed");
-                for &mp in &batch_buf[..got as usize] {
-                    let m = &*mp;
-                    if m.err != rdsys::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_NO_ERROR {
-                        eprintln!("raw_copy: consumer error {:?}", m.err);
-                        rdsys::rd_kafka_message_destroy(mp);
-                        continue;
-                    }
-                    // Parsed as the poll path's msg.headers() parses them, so both pay it.
-                    let mut hdrs = std::ptr::null_mut();
-                    let has_headers = rdsys::rd_kafka_message_headers(mp, &mut hdrs)
-                        == rdsys::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_NO_ERROR
-                        && rdsys::rd_kafka_header_cnt(hdrs) > 0;
-                    assert!(!has_headers, "--batch copies no headers");
-                    let bytes = |p: *mut std::ffi::c_void, n: usize| {
-                        (!p.is_null()).then(|| std::slice::from_raw_parts(p as *const u8, n))
-                    };
-                    let p = m.partition;
-                    let mut rec =
-                        rdkafka::producer::BaseRecord::<[u8], [u8], ()>::to(&a.copy.output)
-                            .partition(p);
-                    if let Some(k) = bytes(m.key, m.key_len) {
-                        rec = rec.key(k);
-                    }
-                    if let Some(v) = bytes(m.payload, m.len) {
-                        rec = rec.payload(v);
-                    }
-                    let ts = rdsys::rd_kafka_message_timestamp(mp, std::ptr::null_mut());
-                    if ts >= 0 {
-                        rec = rec.timestamp(ts);
-                    }
+        if let Some(reader) = reader.as_mut() {
+            reader.copy_each(
+                Duration::from_millis(50),
+                &a.copy.output,
+                true,
+                |p, offset, rec| {
                     send_waiting(&producer, rec, Duration::from_millis(1));
-                    next.insert(p, m.offset + 1);
-                    if a.until_end && m.offset < ends[&p] {
+                    next.insert(p, offset + 1);
+                    if a.until_end && offset < ends[&p] {
                         copied += 1;
                     }
-                    rdsys::rd_kafka_message_destroy(mp);
-                }
-            }
+                },
+            );
             continue;
         }
         let msg = match consumer.poll(Duration::from_millis(50)) {

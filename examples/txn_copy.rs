@@ -12,7 +12,8 @@
 //! N+1 commits only after N did.
 //!
 //! The source consumer and the producers use the bridge's defaults (src/source.rs, src/sink.rs),
-//! not raw_copy's, so that the difference to C2 is the protocol alone.
+//! not raw_copy's, and it reads up to 1,000 records per call as the bridge reads (`--batch`), so
+//! that the difference to C2 is the protocol alone.
 //!
 //! `--side-records` adds the bridge's two per-checkpoint records to the floor, to measure what they
 //! cost: at the barrier one record to partition 0 of `<output>.side` (as the commit marker goes to
@@ -52,7 +53,7 @@ use rdkafka::producer::{BaseRecord, Producer, ThreadedProducer};
 
 use common::{
     assign_all_from_start, bridge_consumer, bridge_producer, copy_of, now_ms, send_waiting,
-    wait_acked, CopyTopics, Deliveries,
+    wait_acked, BatchReader, CopyTopics, Deliveries,
 };
 
 #[derive(Parser)]
@@ -87,6 +88,11 @@ struct Args {
     /// later (the bridge learns its hold: src/sink/settle.rs).
     #[arg(long, default_value_t = 0)]
     hold_ms: u64,
+    /// Records read per call of librdkafka's rd_kafka_consume_batch_queue, as the bridge reads
+    /// since session 38 (so that C4b stays a floor of the bridge's reading too); 0 reads with
+    /// rdkafka's per-record poll, as both did before.
+    #[arg(long, default_value_t = 1000)]
+    batch: usize,
 }
 
 type Txp = Arc<ThreadedProducer<Deliveries>>;
@@ -178,6 +184,7 @@ fn main() {
     let consumer = consumer(&a);
     let producers: Vec<Txp> = (0..a.producers as usize).map(|n| producer(&a, n)).collect();
     let target = assign_all_from_start(&consumer, &a.copy.input);
+    let mut reader = (a.batch > 0).then(|| BatchReader::new(&consumer, a.batch));
     let total: u64 = target.values().map(|&h| h as u64).sum();
 
     let timings = Arc::new(Mutex::new(Timings::default()));
@@ -256,7 +263,42 @@ fn main() {
             first_sent = false;
             continue;
         }
-        let msg = match consumer.poll(barrier_at.saturating_duration_since(now)) {
+        // One record's send, as the bridge's: the first of an epoch waits out the hold and the
+        // openers go first.
+        let mut send = |p: i32, offset: i64, rec: BaseRecord<'_, [u8], [u8], ()>| {
+            if !first_sent {
+                if let Some(at) = committed_at {
+                    let left = (at + hold).saturating_duration_since(Instant::now());
+                    if !left.is_zero() {
+                        std::thread::sleep(left);
+                    }
+                }
+                first_sent = true;
+            }
+            // `--openers` requires `--side-records`, so `side` is set whenever it is.
+            if a.openers && !opened {
+                let t = side.as_deref().expect("--openers requires --side-records");
+                for (partition, what) in [(0, &b"opener-marker"[..]), (1, &b"opener-mapping"[..])] {
+                    let rec: BaseRecord<'_, [u8], [u8], ()> =
+                        BaseRecord::to(t).partition(partition).payload(what);
+                    send_waiting(&*producers[cur], rec, Duration::from_millis(1));
+                }
+                opened = true;
+            }
+            send_waiting(&*producers[cur], rec, Duration::from_millis(1));
+            in_epoch += 1;
+            if offset < target[&p] {
+                copied += 1;
+            }
+        };
+        let wait = barrier_at.saturating_duration_since(now);
+        if let Some(reader) = reader.as_mut() {
+            // The barrier is looked at after each batch: at most one batch late, under 1 ms here
+            // (the bridge looks every 64 records).
+            reader.copy_each(wait, &a.copy.output, a.copy_headers, &mut send);
+            continue;
+        }
+        let msg = match consumer.poll(wait) {
             None => continue,
             Some(Err(e)) => {
                 eprintln!("txn_copy: consumer error: {e}");
@@ -264,37 +306,13 @@ fn main() {
             }
             Some(Ok(m)) => m,
         };
-        let p = msg.partition();
-        if !first_sent {
-            if let Some(at) = committed_at {
-                let left = (at + hold).saturating_duration_since(Instant::now());
-                if !left.is_zero() {
-                    std::thread::sleep(left);
-                }
-            }
-            first_sent = true;
-        }
-        // `--openers` requires `--side-records`, so `side` is set whenever it is.
-        if a.openers && !opened {
-            let t = side.as_deref().expect("--openers requires --side-records");
-            for (partition, what) in [(0, &b"opener-marker"[..]), (1, &b"opener-mapping"[..])] {
-                let rec: BaseRecord<'_, [u8], [u8], ()> =
-                    BaseRecord::to(t).partition(partition).payload(what);
-                send_waiting(&*producers[cur], rec, Duration::from_millis(1));
-            }
-            opened = true;
-        }
         let mut rec = copy_of(&msg, &a.copy.output);
         if a.copy_headers {
             if let Some(h) = msg.headers().filter(|h| h.count() > 0) {
                 rec = rec.headers(h.detach());
             }
         }
-        send_waiting(&*producers[cur], rec, Duration::from_millis(1));
-        in_epoch += 1;
-        if msg.offset() < target[&p] {
-            copied += 1;
-        }
+        send(msg.partition(), msg.offset(), rec);
     }
     let mut t = std::mem::take(&mut *timings.lock().unwrap());
     let checkpoints = t[0].len();

@@ -1,20 +1,22 @@
 //! What the benchmark examples share: the wall clock they print, the two kinds of clients they
 //! build (a producer with the bridge's batching settings, a read_committed consumer), partition
-//! discovery, a send that waits out a full local queue, delivery counting, and the pseudo-random
-//! capital letters the load generators write.
+//! discovery, reading in batches as the bridge's source reads, a send that waits out a full local
+//! queue, delivery counting, and the pseudo-random capital letters the load generators write.
 //!
 //! Included by each example with `mod common;`; an example uses only part of it.
 #![allow(dead_code)]
 
 use std::collections::HashMap;
+use std::marker::PhantomData;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use rdkafka::bindings as rdsys;
 use rdkafka::client::Client;
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
-use rdkafka::message::{BorrowedMessage, Message, ToBytes};
+use rdkafka::message::{BorrowedMessage, Header, Message, OwnedHeaders, ToBytes};
 use rdkafka::producer::{BaseRecord, DeliveryResult, Producer, ProducerContext, ThreadedProducer};
 use rdkafka::{ClientContext, Offset, TopicPartitionList};
 
@@ -53,7 +55,9 @@ pub fn now_us() -> u64 {
 
 /// The defaults of eos-bridge's sink producer (src/sink.rs, build_producer), so that a copy or a
 /// fill costs what the bridge's writes cost. With `BENCH_PRODUCER_STATS_MS` in the environment,
-/// librdkafka's statistics every that many ms, printed by [`Deliveries`] as `S` lines.
+/// librdkafka's statistics every that many ms, printed by [`Deliveries`] as `S` lines; with
+/// `BENCH_QUEUE_MESSAGES`, that queue.buffering.max.messages instead of the bridge's default (to
+/// measure a default before the bridge takes it).
 pub fn bridge_producer(bootstrap: &str) -> ClientConfig {
     let mut c = ClientConfig::new();
     c.set("bootstrap.servers", bootstrap)
@@ -62,6 +66,9 @@ pub fn bridge_producer(bootstrap: &str) -> ClientConfig {
         .set("queue.buffering.max.messages", "10000")
         .set("batch.size", "1000000")
         .set("enable.idempotence", "true");
+    if let Ok(n) = std::env::var("BENCH_QUEUE_MESSAGES") {
+        c.set("queue.buffering.max.messages", n);
+    }
     if let Ok(ms) = std::env::var("BENCH_PRODUCER_STATS_MS") {
         c.set("statistics.interval.ms", ms);
     }
@@ -137,6 +144,128 @@ pub fn copy_of<'a>(msg: &'a BorrowedMessage<'_>, topic: &'a str) -> BaseRecord<'
         rec = rec.timestamp(ts);
     }
     rec
+}
+
+/// Reads a consumer's records up to `n` per call of librdkafka's rd_kafka_consume_batch_queue, as
+/// the bridge's source does since session 38 (src/source/records.rs), but from the consumer's own
+/// queue: the copiers assign once and never rewind, so they need none of the bridge's forwarding.
+/// Other events on that queue (statistics, logs, commit results) are served without callbacks,
+/// that is dropped; a consumer error is printed and skipped.
+pub struct BatchReader<'c> {
+    queue: *mut rdsys::rd_kafka_queue_t,
+    buf: Vec<*mut rdsys::rd_kafka_message_t>,
+    _consumer: PhantomData<&'c BaseConsumer>,
+}
+
+impl<'c> BatchReader<'c> {
+    pub fn new(consumer: &'c BaseConsumer, n: usize) -> Self {
+        assert!(n > 0, "a batch of at least one record");
+        // SAFETY: the handle is destroyed on drop, which the lifetime puts before the consumer's.
+        let queue = unsafe { rdsys::rd_kafka_queue_get_consumer(consumer.client().native_ptr()) };
+        BatchReader {
+            queue,
+            buf: vec![std::ptr::null_mut(); n],
+            _consumer: PhantomData,
+        }
+    }
+
+    /// Waits up to `wait` (rounded up to whole ms, so that a wait under 1 ms does not spin) for
+    /// records and hands each one read, as a copy for the same partition of `output` (key,
+    /// payload, timestamp, and with `copy_headers` its headers, parsed for every record as the
+    /// bridge's data path parses them), to `f` with its partition and offset. Returns the records
+    /// read.
+    pub fn copy_each(
+        &mut self,
+        wait: Duration,
+        output: &str,
+        copy_headers: bool,
+        mut f: impl FnMut(i32, i64, BaseRecord<'_, [u8], [u8], ()>),
+    ) -> usize {
+        let ms = i32::try_from(wait.as_micros().div_ceil(1000)).unwrap_or(i32::MAX);
+        // SAFETY: the consumer outlives the queue handle (the lifetime) and only this reader
+        // reads that queue. Each message is handed out as a borrowed record, which `f` must
+        // consume (a produce copies key and payload), and destroyed after `f` returns.
+        unsafe {
+            let got = rdsys::rd_kafka_consume_batch_queue(
+                self.queue,
+                ms,
+                self.buf.as_mut_ptr(),
+                self.buf.len(),
+            );
+            assert!(got >= 0, "rd_kafka_consume_batch_queue failed");
+            let got = got as usize;
+            for &mp in &self.buf[..got] {
+                let m = &*mp;
+                if m.err == rdsys::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_NO_ERROR {
+                    let mut rec = BaseRecord::<[u8], [u8], ()>::to(output).partition(m.partition);
+                    if let Some(k) = raw_bytes(m.key, m.key_len) {
+                        rec = rec.key(k);
+                    }
+                    if let Some(v) = raw_bytes(m.payload, m.len) {
+                        rec = rec.payload(v);
+                    }
+                    let ts = rdsys::rd_kafka_message_timestamp(mp, std::ptr::null_mut());
+                    if ts >= 0 {
+                        rec = rec.timestamp(ts);
+                    }
+                    if let Some(h) = copy_headers.then(|| headers_of(mp)).flatten() {
+                        rec = rec.headers(owned_copy(h));
+                    }
+                    f(m.partition, m.offset, rec);
+                } else {
+                    eprintln!("consumer error {:?}", m.err);
+                }
+                rdsys::rd_kafka_message_destroy(mp);
+            }
+            got
+        }
+    }
+}
+
+impl Drop for BatchReader<'_> {
+    fn drop(&mut self) {
+        // SAFETY: the handle came from rd_kafka_queue_get_consumer and is released once.
+        unsafe { rdsys::rd_kafka_queue_destroy(self.queue) }
+    }
+}
+
+/// `n` bytes at `p`, or None for a null pointer (a null key or payload).
+///
+/// SAFETY: `p` is null or points at `n` bytes that outlive the returned slice.
+unsafe fn raw_bytes<'a>(p: *mut std::ffi::c_void, n: usize) -> Option<&'a [u8]> {
+    (!p.is_null()).then(|| std::slice::from_raw_parts(p as *const u8, n))
+}
+
+/// The headers of the live message `mp` (parsed on this first call), None when it has none.
+///
+/// SAFETY: `mp` is a live message of a consumer; the pointer lives as long as the message.
+unsafe fn headers_of(mp: *mut rdsys::rd_kafka_message_t) -> Option<*mut rdsys::rd_kafka_headers_t> {
+    let mut hdrs = std::ptr::null_mut();
+    let found = rdsys::rd_kafka_message_headers(mp, &mut hdrs)
+        == rdsys::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_NO_ERROR;
+    (found && rdsys::rd_kafka_header_cnt(hdrs) > 0).then_some(hdrs)
+}
+
+/// A copy of `hdrs`, header by header (rdkafka has no public constructor from librdkafka's).
+///
+/// SAFETY: `hdrs` is live.
+unsafe fn owned_copy(hdrs: *mut rdsys::rd_kafka_headers_t) -> OwnedHeaders {
+    let count = rdsys::rd_kafka_header_cnt(hdrs);
+    let mut out = OwnedHeaders::new_with_capacity(count);
+    for i in 0..count {
+        let (mut name, mut value, mut size) = (std::ptr::null(), std::ptr::null(), 0);
+        let err = rdsys::rd_kafka_header_get_all(hdrs, i, &mut name, &mut value, &mut size);
+        assert!(
+            err == rdsys::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_NO_ERROR,
+            "header {i} of {count}: {err:?}"
+        );
+        let key = std::ffi::CStr::from_ptr(name).to_string_lossy();
+        out = out.insert(Header {
+            key: &key,
+            value: raw_bytes(value as *mut _, size),
+        });
+    }
+    out
 }
 
 /// Hands `rec` to the producer, sleeping `backoff` whenever its local queue is full.
