@@ -3,7 +3,7 @@
 //! One thread, the same shape as the bridge's pipeline: a `BaseConsumer` assigned every partition
 //! of the input topic with the bridge's source defaults (read_committed, a 4 MiB / 20,000-record
 //! prefetch), read up to 1,000 records per call as the bridge reads (`--batch`), and a
-//! `ThreadedProducer` with the bridge's sink defaults (linger.ms=1, a 10,000-record queue,
+//! `ThreadedProducer` with the bridge's sink defaults (linger.ms=1, a 20,000-record queue,
 //! batch.size=1000000, lz4, idempotence). Each record keeps its
 //! partition, key, headers and timestamp. Every `--commit-ms` it waits until every record sent is
 //! acknowledged, then commits the consumed positions to a consumer group: at-least-once, no

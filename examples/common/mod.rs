@@ -63,7 +63,7 @@ pub fn bridge_producer(bootstrap: &str) -> ClientConfig {
     c.set("bootstrap.servers", bootstrap)
         .set("linger.ms", "1")
         .set("compression.type", "lz4")
-        .set("queue.buffering.max.messages", "10000")
+        .set("queue.buffering.max.messages", "20000")
         .set("batch.size", "1000000")
         .set("enable.idempotence", "true");
     if let Ok(n) = std::env::var("BENCH_QUEUE_MESSAGES") {
