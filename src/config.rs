@@ -136,13 +136,15 @@ pub struct SinkConfig {
     pub on_bad_record: OnBadRecord,
     #[default(DEFAULT_DEAD_LETTER_TOPIC.to_string())]
     pub dead_letter_topic: String,
-    /// At 1 KB / 100 ms, 8 MiB held reading back 13-22 % of its time and 16 MiB not at all: 16 MiB
-    /// drained faster in 9 of 11 paired rounds (median 1.09x) for 1-3 MB more peak RSS
-    /// (bench/README.md, "Session 37"). The cost on a slow sink is at start only: one first flush
-    /// may time out where 8 MiB fitted (a sink below 16 MiB per `checkpoint.timeout`), and the
-    /// working limit then follows the sink's measured rate.
+    /// At 1 KB / 100 ms, 8 MiB held reading back 13-22 % of its time; a 16 MiB cap drained faster
+    /// in 9 of 11 paired rounds (bench/README.md, "Session 37"), but there the producer's
+    /// 10,000-record queue stopped 1 KB records at ~10 MB. With the queue at 20,000 (for 100 B,
+    /// session 39) 16 MiB would be reached, for 7 MB more peak RSS and longer flushes at no
+    /// resolvable gain, so the cap is where the queue held it: 10 MiB. The cost on a slow sink is
+    /// at start only: one first flush may time out (a sink below 10 MiB per `checkpoint.timeout`),
+    /// and the working limit then follows the sink's measured rate.
     #[serde(deserialize_with = "count")]
-    #[default(16 * MIB)]
+    #[default(10 * MIB)]
     pub max_in_flight_bytes: u64,
     #[serde(
         deserialize_with = "count_opt",
@@ -1878,7 +1880,7 @@ mod tests {
         assert_eq!(c.checkpoint.timeout, Duration::from_secs(30));
         assert_eq!(c.checkpoint.retain, 3);
         assert_eq!(c.checkpoint.max_bytes, 256 * 1024 * 1024);
-        assert_eq!(c.sink.max_in_flight_bytes, 16 * 1024 * 1024);
+        assert_eq!(c.sink.max_in_flight_bytes, 10 * 1024 * 1024);
         assert_eq!(c.transaction.timeout, Duration::from_secs(60));
         assert_eq!(c.api.listen, SocketAddr::from(([127, 0, 0, 1], 8080)));
         assert_eq!(c.api.admin_token, None);
