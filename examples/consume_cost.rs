@@ -20,7 +20,7 @@ use rdkafka::bindings as rdsys;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::Message;
 
-use common::{assign_all_from_start, bridge_consumer, Target};
+use common::{assign_all_from_start, bridge_consumer, raw_bytes, Target};
 
 #[derive(Clone, Copy, ValueEnum)]
 enum Mode {
@@ -82,9 +82,7 @@ impl Touched {
             .wrapping_add(i64::from(p.first().copied().unwrap_or(0)))
             .wrapping_add(offset ^ i64::from(partition) ^ ts);
     }
-}
 
-impl Touched {
     /// Touches a message librdkafka returned and destroys it.
     ///
     /// # Safety
@@ -98,13 +96,10 @@ impl Touched {
                 "consume error {:?}",
                 m.err
             );
-            let slice = |p: *mut std::ffi::c_void, n: usize| {
-                (!p.is_null()).then(|| std::slice::from_raw_parts(p as *const u8, n))
-            };
             let ts = rdsys::rd_kafka_message_timestamp(mp, std::ptr::null_mut());
             self.touch(
-                slice(m.key, m.key_len),
-                slice(m.payload, m.len),
+                raw_bytes(m.key, m.key_len),
+                raw_bytes(m.payload, m.len),
                 m.partition,
                 m.offset,
                 ts,

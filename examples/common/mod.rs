@@ -63,12 +63,12 @@ pub fn bridge_producer(bootstrap: &str) -> ClientConfig {
     c.set("bootstrap.servers", bootstrap)
         .set("linger.ms", "1")
         .set("compression.type", "lz4")
-        .set("queue.buffering.max.messages", "20000")
+        .set(
+            "queue.buffering.max.messages",
+            std::env::var("BENCH_QUEUE_MESSAGES").unwrap_or_else(|_| "20000".into()),
+        )
         .set("batch.size", "1000000")
         .set("enable.idempotence", "true");
-    if let Ok(n) = std::env::var("BENCH_QUEUE_MESSAGES") {
-        c.set("queue.buffering.max.messages", n);
-    }
     if let Ok(ms) = std::env::var("BENCH_PRODUCER_STATS_MS") {
         c.set("statistics.interval.ms", ms);
     }
@@ -231,8 +231,9 @@ impl Drop for BatchReader<'_> {
 
 /// `n` bytes at `p`, or None for a null pointer (a null key or payload).
 ///
-/// SAFETY: `p` is null or points at `n` bytes that outlive the returned slice.
-unsafe fn raw_bytes<'a>(p: *mut std::ffi::c_void, n: usize) -> Option<&'a [u8]> {
+/// # Safety
+/// `p` is null or points at `n` bytes that outlive the returned slice.
+pub unsafe fn raw_bytes<'a>(p: *mut std::ffi::c_void, n: usize) -> Option<&'a [u8]> {
     (!p.is_null()).then(|| std::slice::from_raw_parts(p as *const u8, n))
 }
 
