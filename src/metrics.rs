@@ -3,9 +3,11 @@
 //! Other modules take a `&Metrics` (or an `Arc`) and update the handles; nothing registers a
 //! metric anywhere else, so /metrics, the dashboard and the alert rules have one list to agree on.
 
+use std::time::Duration;
+
 use prometheus::{
-    Counter, CounterVec, Encoder, Gauge, Histogram, HistogramOpts, IntCounter, IntCounterVec,
-    IntGauge, IntGaugeVec, Opts, Registry, TextEncoder,
+    Counter, CounterVec, Encoder, Gauge, GaugeVec, Histogram, HistogramOpts, IntCounter,
+    IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
 pub(crate) struct Metrics {
@@ -29,6 +31,8 @@ pub(crate) struct Metrics {
     pub layout_generation: IntGauge,
     pub in_flight_limit_bytes: IntGauge,
     pub first_send_hold_seconds: Gauge,
+    pub sink_request_rtt: GaugeVec,
+    pub sink_queue_latency: GaugeVec,
     pub epochs_ended: IntCounterVec,
     pub read_wait_seconds: CounterVec,
     pub identity_changes: IntCounterVec,
@@ -193,6 +197,22 @@ impl Metrics {
                 "How long a transaction's first send currently waits after the previous transaction ended, so that its partitions join without librdkafka's 20 ms retry.",
             ))
             .unwrap(),
+            sink_request_rtt: GaugeVec::new(
+                opts(
+                    "sink_request_rtt_seconds",
+                    "Round trip of the sink producer's requests to each broker (produce and transaction requests alike) over librdkafka's last statistics window (statistics.interval.ms of [sink.kafka], 5 s by default): quantile 0.5, 0.99, and 1 for the largest.",
+                ),
+                &["broker", "quantile"],
+            )
+            .unwrap(),
+            sink_queue_latency: GaugeVec::new(
+                opts(
+                    "sink_queue_latency_seconds",
+                    "How long output records waited in the sink producer's queue before they were sent to each broker, over the same window as sink_request_rtt_seconds: quantile 0.5, 0.99, and 1 for the largest.",
+                ),
+                &["broker", "quantile"],
+            )
+            .unwrap(),
             monitor_commits: IntCounterVec::new(
                 opts(
                     "monitor_group_commits_total",
@@ -292,6 +312,8 @@ impl Metrics {
             Box::new(self.layout_generation.clone()),
             Box::new(self.in_flight_limit_bytes.clone()),
             Box::new(self.first_send_hold_seconds.clone()),
+            Box::new(self.sink_request_rtt.clone()),
+            Box::new(self.sink_queue_latency.clone()),
             Box::new(self.epochs_ended.clone()),
             Box::new(self.read_wait_seconds.clone()),
             Box::new(self.identity_changes.clone()),
@@ -314,6 +336,34 @@ impl Metrics {
         self.records_dead_lettered.with_label_values(&[topic]);
     }
 
+    /// One broker's latencies from the sink producer's latest statistics window; a quantity the
+    /// window had no sample of loses its series (a stale figure would pass for a current one).
+    pub(crate) fn set_sink_latency(
+        &self,
+        broker: &str,
+        rtt: Option<Quantiles>,
+        queue: Option<Quantiles>,
+    ) {
+        for (gauge, q) in [
+            (&self.sink_request_rtt, rtt),
+            (&self.sink_queue_latency, queue),
+        ] {
+            match q {
+                Some(q) => {
+                    for (label, v) in Quantiles::LABELS.iter().zip(q.seconds()) {
+                        gauge.with_label_values(&[broker, label]).set(v);
+                    }
+                }
+                None => {
+                    for label in Quantiles::LABELS {
+                        // Absent already is fine: there is nothing to remove.
+                        let _ = gauge.remove_label_values(&[broker, label]);
+                    }
+                }
+            }
+        }
+    }
+
     /// The registry in Prometheus text format, with its content type.
     pub(crate) fn render(&self) -> (String, Vec<u8>) {
         let encoder = TextEncoder::new();
@@ -322,6 +372,22 @@ impl Metrics {
             .encode(&self.registry.gather(), &mut buf)
             .expect("text encoding of gathered metrics");
         (encoder.format_type().to_string(), buf)
+    }
+}
+
+/// A latency window's median, 99th percentile and largest value.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) struct Quantiles {
+    pub p50: Duration,
+    pub p99: Duration,
+    pub max: Duration,
+}
+
+impl Quantiles {
+    const LABELS: [&'static str; 3] = ["0.5", "0.99", "1"];
+
+    fn seconds(self) -> [f64; 3] {
+        [self.p50, self.p99, self.max].map(|d| d.as_secs_f64())
     }
 }
 
@@ -348,6 +414,42 @@ mod tests {
         );
         assert!(text.contains("eos_bridge_build_info{version=\""));
         assert!(text.contains("process_resident_memory_bytes"));
+    }
+
+    #[test]
+    fn a_sink_latency_is_shown_per_broker_and_quantile_and_dropped_when_unmeasured() {
+        let m = Metrics::new();
+        let q = Quantiles {
+            p50: Duration::from_millis(2),
+            p99: Duration::from_millis(40),
+            max: Duration::from_millis(75),
+        };
+        m.set_sink_latency("1", Some(q), None);
+        let text = String::from_utf8(m.render().1).unwrap();
+        for series in [
+            "eos_bridge_sink_request_rtt_seconds{broker=\"1\",quantile=\"0.5\"} 0.002",
+            "eos_bridge_sink_request_rtt_seconds{broker=\"1\",quantile=\"0.99\"} 0.04",
+            "eos_bridge_sink_request_rtt_seconds{broker=\"1\",quantile=\"1\"} 0.075",
+        ] {
+            assert!(text.contains(series), "{series} missing:\n{text}");
+        }
+        assert!(
+            !text.contains("eos_bridge_sink_queue_latency_seconds{"),
+            "{text}"
+        );
+
+        m.set_sink_latency("1", None, Some(q));
+        let text = String::from_utf8(m.render().1).unwrap();
+        assert!(
+            !text.contains("eos_bridge_sink_request_rtt_seconds{"),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                "eos_bridge_sink_queue_latency_seconds{broker=\"1\",quantile=\"0.99\"} 0.04"
+            ),
+            "{text}"
+        );
     }
 
     #[test]

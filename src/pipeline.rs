@@ -701,7 +701,11 @@ impl<'a> Pipeline<'a> {
             layout = Some(l);
         }
         let Some(mut sink) = wait_out(shared, "initialise the sink producer", transient, || {
-            Sink::connect(settings.clone(), CONNECT_DEADLINE)
+            Sink::connect(
+                settings.clone(),
+                CONNECT_DEADLINE,
+                Some(shared.metrics.clone()),
+            )
         })?
         else {
             return Ok(None);

@@ -26,9 +26,10 @@ use rdkafka::config::ClientConfig;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{BorrowedMessage, Message, OwnedHeaders, ToBytes};
 use rdkafka::producer::{BaseRecord, DeliveryResult, Producer, ProducerContext, ThreadedProducer};
+use rdkafka::statistics::{Statistics, Window};
 use rdkafka::util::IntoOpaque;
 use rdkafka::ClientContext;
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 use self::settle::Settle;
 use self::topics::TopicHandles;
@@ -40,6 +41,7 @@ mod wakeup;
 
 use crate::error::{classify_kafka, is_auth, is_fencing, Action, BridgeError, Result};
 use crate::marker::Marker;
+use crate::metrics::{Metrics, Quantiles};
 use crate::offsets::mapping::RunCollector;
 
 /// Where an output record came from; carried through librdkafka so that a failed delivery names
@@ -215,6 +217,8 @@ pub(crate) struct SinkContext {
     /// keeps its time in `first_report_at`, which `settle` learns from.
     first_report_armed: AtomicBool,
     first_report_at: Mutex<Option<Instant>>,
+    /// Where librdkafka's statistics of this producer go (none for a producer that only fences).
+    metrics: Option<Arc<Metrics>>,
 }
 
 impl SinkContext {
@@ -354,6 +358,45 @@ impl ClientContext for SinkContext {
     fn error(&self, error: KafkaError, reason: &str) {
         crate::connectivity::on_error(crate::connectivity::Cluster::Sink, &error, reason);
     }
+
+    /// The round trips and queue times per broker, set here rather than by the pipeline, so that
+    /// they move while a checkpoint waits on a slow sink, which is when an operator looks.
+    fn stats(&self, statistics: Statistics) {
+        for b in statistics.brokers.values().filter(|b| b.nodeid >= 0) {
+            let rtt = b.rtt.as_ref().and_then(quantiles);
+            let queue = b.int_latency.as_ref().and_then(quantiles);
+            if let Some(m) = &self.metrics {
+                m.set_sink_latency(&b.nodeid.to_string(), rtt, queue);
+            }
+            if let Some(r) = rtt {
+                let ms = |d: Duration| d.as_secs_f64() * 1e3;
+                debug!(
+                    broker = b.nodeid,
+                    requests = b.rtt.as_ref().map_or(0, |w| w.cnt),
+                    rtt_p50_ms = ms(r.p50),
+                    rtt_p99_ms = ms(r.p99),
+                    rtt_max_ms = ms(r.max),
+                    queue_p99_ms = queue.map_or(0.0, |q| ms(q.p99)),
+                    queue_max_ms = queue.map_or(0.0, |q| ms(q.max)),
+                    waiting_requests = b.waitresp_cnt,
+                    "sink broker latency"
+                );
+            }
+        }
+    }
+}
+
+/// A statistics window's quantiles (librdkafka counts microseconds); None for a window that saw
+/// nothing, whose zeros are no measurement. The percentiles are estimates from the buckets of an
+/// HDR histogram and can exceed the largest value, which is exact; they are capped by it.
+fn quantiles(w: &Window) -> Option<Quantiles> {
+    let us = |v: i64| Duration::from_micros(u64::try_from(v).unwrap_or(0));
+    let max = us(w.max);
+    (w.cnt > 0).then(|| Quantiles {
+        p50: us(w.p50).min(max),
+        p99: us(w.p99).min(max),
+        max,
+    })
 }
 
 impl ProducerContext for SinkContext {
@@ -547,6 +590,8 @@ pub(crate) struct Sink {
     ended_at: Option<Instant>,
     /// Time first sends were held back, ever: a share of `read_wait_seconds_total`.
     first_send_held: Duration,
+    /// Where each producer built here reports its statistics.
+    metrics: Option<Arc<Metrics>>,
 }
 
 /// Records sent with an epoch's first output record only so that the marker partition and the
@@ -591,9 +636,14 @@ fn batch_size(s: &SinkSettings, cap: Option<usize>) -> usize {
     cap.map_or(wanted, |c| wanted.min(c))
 }
 
+/// Our statistics.interval.ms when [sink.kafka] does not set one: the window of the latency
+/// gauges (`Metrics::set_sink_latency`), a few scrapes long; librdkafka's default is none.
+const STATISTICS_INTERVAL_MS: &str = "5000";
+
 fn build_producer(
     s: &SinkSettings,
     batch_cap: Option<usize>,
+    metrics: Option<Arc<Metrics>>,
 ) -> Result<ThreadedProducer<SinkContext>> {
     let mut cc = ClientConfig::new();
     // Defaults that [sink.kafka] may override. The queue bound keeps what a barrier's flush must
@@ -601,10 +651,13 @@ fn build_producer(
     // docs/sizing.md has the figures. Our flush waits for the delivery count instead of calling
     // rd_kafka_flush, so at a barrier the last batches (and the marker) still wait out linger.ms:
     // 1 ms, not 5, shortened every checkpoint.
-    cc.set("linger.ms", "1").set("compression.type", "lz4").set(
-        "queue.buffering.max.messages",
-        SINK_QUEUE_MESSAGES.to_string(),
-    );
+    cc.set("linger.ms", "1")
+        .set("compression.type", "lz4")
+        .set(
+            "queue.buffering.max.messages",
+            SINK_QUEUE_MESSAGES.to_string(),
+        )
+        .set("statistics.interval.ms", STATISTICS_INTERVAL_MS);
     for (k, v) in &s.kafka {
         cc.set(k, v);
     }
@@ -617,7 +670,11 @@ fn build_producer(
             s.transaction_timeout.as_millis().to_string(),
         );
     }
-    cc.create_with_context(SinkContext::default())
+    let context = SinkContext {
+        metrics,
+        ..SinkContext::default()
+    };
+    cc.create_with_context(context)
         .map_err(|e| BridgeError::kafka("create sink producer", e))
 }
 
@@ -633,9 +690,14 @@ fn backoff(attempt: u32) -> Duration {
 impl Sink {
     /// Builds the producer and, for exactly-once, initialises transactions: this fences any older
     /// producer with our transactional id and has the coordinator finish or abort whatever it left
-    /// open. Retriable failures are retried until `deadline`.
-    pub(crate) fn connect(settings: SinkSettings, deadline: Duration) -> Result<Sink> {
-        let producer = build_producer(&settings, None)?;
+    /// open. Retriable failures are retried until `deadline`. `metrics` receives the producer's
+    /// latencies per broker (none for a producer that only fences).
+    pub(crate) fn connect(
+        settings: SinkSettings,
+        deadline: Duration,
+        metrics: Option<Arc<Metrics>>,
+    ) -> Result<Sink> {
+        let producer = build_producer(&settings, None, metrics.clone())?;
         let sink = Sink {
             settings,
             topics: RefCell::default(),
@@ -652,6 +714,7 @@ impl Sink {
             settle: Settle::default(),
             ended_at: None,
             first_send_held: Duration::ZERO,
+            metrics,
         };
         sink.init_transactions(deadline)?;
         Ok(sink)
@@ -700,7 +763,7 @@ impl Sink {
     }
 
     fn replace_producer(&mut self, deadline: Duration) -> Result<()> {
-        let fresh = build_producer(&self.settings, self.batch_cap)?;
+        let fresh = build_producer(&self.settings, self.batch_cap, self.metrics.clone())?;
         // The slots handed out stay valid for the new producer.
         let sources = self
             .producer
@@ -1356,7 +1419,7 @@ pub(crate) fn fence(s: &SinkSettings, transactional_id: &str, deadline: Duration
         transactional_id: Some(transactional_id.to_string()),
         ..s.clone()
     };
-    let sink = Sink::connect(settings, deadline)?;
+    let sink = Sink::connect(settings, deadline, None)?;
     info!(
         transactional_id,
         "fenced the transactional id of an older layout"
@@ -1514,6 +1577,38 @@ mod tests {
                 assert!(ctx.in_flight_bytes() < 1000, "step {step}");
             }
         }
+    }
+
+    #[test]
+    fn a_statistics_window_gives_its_quantiles_only_when_it_saw_something() {
+        let empty = Window::default();
+        assert_eq!(quantiles(&empty), None);
+        let seen = Window {
+            cnt: 40,
+            p50: 1_500,
+            p99: 38_000,
+            max: 70_250,
+            ..Window::default()
+        };
+        assert_eq!(
+            quantiles(&seen),
+            Some(Quantiles {
+                p50: Duration::from_micros(1_500),
+                p99: Duration::from_millis(38),
+                max: Duration::from_micros(70_250),
+            })
+        );
+        // As seen from a broker: the bucket's estimate above the exact maximum.
+        let rounded = Window {
+            cnt: 9,
+            p50: 2_431,
+            p99: 5_759,
+            max: 5_744,
+            ..Window::default()
+        };
+        let q = quantiles(&rounded).unwrap();
+        assert_eq!((q.p99, q.max), (Duration::from_micros(5_744), q.max));
+        assert_eq!(q.p50, Duration::from_micros(2_431));
     }
 
     #[test]

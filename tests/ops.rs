@@ -351,3 +351,54 @@ fn dashboards_and_alerts_name_only_exposed_metrics() {
         "the dashboard or alert rules name metrics that /metrics does not expose: {unknown:?}"
     );
 }
+
+/// The value of the first series of `name` with `labels` among them, in Prometheus text.
+fn series_value(metrics: &str, name: &str, labels: &str) -> Option<f64> {
+    metrics
+        .lines()
+        .filter(|l| l.starts_with(&format!("{name}{{")) && l.contains(labels))
+        .find_map(|l| l.rsplit(' ').next()?.parse().ok())
+}
+
+#[test]
+fn the_sink_producers_broker_latency_is_exposed_from_its_statistics() {
+    let _serial = serial();
+    let mut s = Scenario::new("rtt", 1);
+    s.run(&[Produce(300, 1), Start, CommittedTo(300)]);
+    let bridge = s.bridge();
+    // librdkafka reports every 5 s by default: the first window may still be open.
+    let mut metrics = String::new();
+    let shown = wait_until(Duration::from_secs(30), || {
+        metrics = bridge.get("/metrics").map(|(_, m)| m).unwrap_or_default();
+        series_value(
+            &metrics,
+            "eos_bridge_sink_request_rtt_seconds",
+            "quantile=\"0.99\"",
+        )
+        .is_some()
+    });
+    s.stop();
+    assert!(shown, "no sink round trip within 30 s:\n{metrics}");
+    let rtt = |q: &str| {
+        series_value(
+            &metrics,
+            "eos_bridge_sink_request_rtt_seconds",
+            &format!("quantile=\"{q}\""),
+        )
+        .unwrap_or_else(|| panic!("quantile {q} missing:\n{metrics}"))
+    };
+    let (p50, p99, max) = (rtt("0.5"), rtt("0.99"), rtt("1"));
+    assert!(
+        0.0 < p50 && p50 <= p99 && p99 <= max && max < 30.0,
+        "round trips out of order or range: p50 {p50} p99 {p99} max {max}"
+    );
+    let queued = series_value(
+        &metrics,
+        "eos_bridge_sink_queue_latency_seconds",
+        "quantile=\"1\"",
+    );
+    assert!(
+        queued.is_some_and(|q| (0.0..30.0).contains(&q)),
+        "queue latency {queued:?}:\n{metrics}"
+    );
+}
