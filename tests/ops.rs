@@ -316,17 +316,6 @@ fn check_reports_each_finding_with_its_fix() {
 #[test]
 fn dashboards_and_alerts_name_only_exposed_metrics() {
     let _serial = serial();
-    let mut s = Scenario::new("dash", 1);
-    s.run(&[Produce(100, 1), Start, CommittedTo(100)]);
-    let (_, metrics) = s.bridge().get("/metrics").unwrap();
-    s.stop();
-
-    let exposed: BTreeSet<String> = metrics
-        .lines()
-        .filter(|l| !l.starts_with('#') && !l.is_empty())
-        .filter_map(|l| l.split(['{', ' ']).next())
-        .map(str::to_string)
-        .collect();
     let out = Command::new("python3")
         .arg(repo_root().join("scripts/metric-names"))
         .output()
@@ -345,7 +334,30 @@ fn dashboards_and_alerts_name_only_exposed_metrics() {
         named.len() >= 10,
         "the dashboard and rules name metrics: {named:?}"
     );
-    let unknown: Vec<&String> = named.iter().filter(|n| !exposed.contains(*n)).collect();
+
+    let mut s = Scenario::new("dash", 1);
+    s.run(&[Produce(100, 1), Start, CommittedTo(100)]);
+    // The sink latency series appear with the producer's first statistics window (5 s).
+    let mut unknown: Vec<String> = Vec::new();
+    wait_until(Duration::from_secs(30), || {
+        let metrics = s
+            .bridge()
+            .get("/metrics")
+            .map(|(_, m)| m)
+            .unwrap_or_default();
+        let exposed: BTreeSet<&str> = metrics
+            .lines()
+            .filter(|l| !l.starts_with('#') && !l.is_empty())
+            .filter_map(|l| l.split(['{', ' ']).next())
+            .collect();
+        unknown = named
+            .iter()
+            .filter(|n| !exposed.contains(n.as_str()))
+            .cloned()
+            .collect();
+        unknown.is_empty()
+    });
+    s.stop();
     assert!(
         unknown.is_empty(),
         "the dashboard or alert rules name metrics that /metrics does not expose: {unknown:?}"
