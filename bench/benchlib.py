@@ -538,6 +538,11 @@ timeout = "60s"
 [api]
 listen = "127.0.0.1:{port}"
 """)
+        # The copiers' statistics window (examples/common), so that the bridge's sink round trips
+        # are logged (eos_bridge::sink=debug) over the same window as theirs.
+        stats_ms = os.environ.get("BENCH_PRODUCER_STATS_MS")
+        if stats_ms:
+            f.write(f'\n[sink.kafka]\n"statistics.interval.ms" = "{int(stats_ms)}"\n')
 
 
 def http_json(url, timeout=1.0):

@@ -315,16 +315,20 @@ pub struct Deliveries {
 /// `rtt` of the requests to the broker (Produce, for a copier), `int_latency` of a record in the
 /// producer's queue, records and bytes per batch (the busiest topic's); `tx` and `txbytes` are the
 /// requests and bytes sent so far.
+/// The maxima and `int_latency_p99_us` are what eos-bridge logs per window ("sink broker
+/// latency", target eos_bridge::sink), for a comparison in the same runs.
 /// `S <epoch ms> rtt_avg_us=.. rtt_p99_us=.. int_latency_avg_us=.. outbuf_latency_avg_us=..
-///  waitresp_cnt=.. batchcnt_avg=.. batchsize_avg=.. tx=.. txbytes=..`
+///  waitresp_cnt=.. batchcnt_avg=.. batchsize_avg=.. tx=.. txbytes=.. rtt_max_us=..
+///  int_latency_p99_us=.. int_latency_max_us=..`
 impl ClientContext for Deliveries {
     fn stats(&self, s: rdkafka::Statistics) {
-        let w =
-            |x: &Option<rdkafka::statistics::Window>| x.as_ref().map_or((0, 0), |w| (w.avg, w.p99));
+        let w = |x: &Option<rdkafka::statistics::Window>| {
+            x.as_ref().map_or((0, 0, 0), |w| (w.avg, w.p99, w.max))
+        };
         for b in s.brokers.values().filter(|b| b.nodeid >= 0) {
-            let (rtt, rtt99) = w(&b.rtt);
-            let (int_lat, _) = w(&b.int_latency);
-            let (outbuf, _) = w(&b.outbuf_latency);
+            let (rtt, rtt99, rtt_max) = w(&b.rtt);
+            let (int_lat, int_lat99, int_lat_max) = w(&b.int_latency);
+            let (outbuf, _, _) = w(&b.outbuf_latency);
             let (cnt, size) = s
                 .topics
                 .values()
@@ -334,7 +338,8 @@ impl ClientContext for Deliveries {
             eprintln!(
                 "S {} rtt_avg_us={rtt} rtt_p99_us={rtt99} int_latency_avg_us={int_lat} \
                  outbuf_latency_avg_us={outbuf} waitresp_cnt={} batchcnt_avg={cnt} \
-                 batchsize_avg={size} tx={} txbytes={}",
+                 batchsize_avg={size} tx={} txbytes={} rtt_max_us={rtt_max} \
+                 int_latency_p99_us={int_lat99} int_latency_max_us={int_lat_max}",
                 now_ms(),
                 b.waitresp_cnt,
                 b.tx,
