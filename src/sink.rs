@@ -217,8 +217,10 @@ pub(crate) struct SinkContext {
     /// keeps its time in `first_report_at`, which `settle` learns from.
     first_report_armed: AtomicBool,
     first_report_at: Mutex<Option<Instant>>,
-    /// Where librdkafka's statistics of this producer go (none for a producer that only fences).
+    /// Where librdkafka's statistics of this producer go (none for a producer that only fences),
+    /// and the brokers its latest statistics reported.
     metrics: Option<Arc<Metrics>>,
+    latency_brokers: Mutex<Vec<i32>>,
 }
 
 impl SinkContext {
@@ -362,7 +364,9 @@ impl ClientContext for SinkContext {
     /// The round trips and queue times per broker, set here rather than by the pipeline, so that
     /// they move while a checkpoint waits on a slow sink, which is when an operator looks.
     fn stats(&self, statistics: Statistics) {
+        let mut reported = Vec::with_capacity(statistics.brokers.len());
         for b in statistics.brokers.values().filter(|b| b.nodeid >= 0) {
+            reported.push(b.nodeid);
             let rtt = b.rtt.as_ref().and_then(quantiles);
             let queue = b.int_latency.as_ref().and_then(quantiles);
             if let Some(m) = &self.metrics {
@@ -383,6 +387,18 @@ impl ClientContext for SinkContext {
                 );
             }
         }
+        // A broker that left the cluster is no longer reported: its last figures would stand
+        // for ever.
+        let mut last = self
+            .latency_brokers
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        if let Some(m) = &self.metrics {
+            for gone in last.iter().filter(|id| !reported.contains(id)) {
+                m.set_sink_latency(&gone.to_string(), None, None);
+            }
+        }
+        *last = reported;
     }
 }
 
@@ -1609,6 +1625,62 @@ mod tests {
         let q = quantiles(&rounded).unwrap();
         assert_eq!((q.p99, q.max), (Duration::from_micros(5_744), q.max));
         assert_eq!(q.p50, Duration::from_micros(2_431));
+    }
+
+    #[test]
+    fn statistics_set_each_brokers_latency_and_drop_a_broker_no_longer_reported() {
+        let metrics = Arc::new(Metrics::new());
+        let ctx = SinkContext {
+            metrics: Some(metrics.clone()),
+            ..SinkContext::default()
+        };
+        let window = |p99_us: i64| Window {
+            cnt: 10,
+            p50: 1_000,
+            p99: p99_us,
+            max: 90_000,
+            ..Window::default()
+        };
+        let broker = |nodeid: i32, rtt: Option<Window>| rdkafka::statistics::Broker {
+            nodeid,
+            rtt,
+            int_latency: Some(window(3_000)),
+            ..Default::default()
+        };
+        let stats = |brokers: Vec<(&str, rdkafka::statistics::Broker)>| Statistics {
+            brokers: brokers
+                .into_iter()
+                .map(|(k, b)| (k.to_string(), b))
+                .collect(),
+            ..Statistics::default()
+        };
+        let text = || String::from_utf8(metrics.render().1).unwrap();
+        let rtt99 = |id: &str| {
+            format!("eos_bridge_sink_request_rtt_seconds{{broker=\"{id}\",quantile=\"0.99\"}}")
+        };
+
+        ctx.stats(stats(vec![
+            ("a:9092/1", broker(1, Some(window(40_000)))),
+            ("b:9092/2", broker(2, Some(window(7_000)))),
+            // The bootstrap entry has no node id: no broker of its own.
+            ("a:9092/bootstrap", broker(-1, Some(window(1_000)))),
+        ]));
+        let t = text();
+        assert!(t.contains(&format!("{} 0.04", rtt99("1"))), "{t}");
+        assert!(t.contains(&format!("{} 0.007", rtt99("2"))), "{t}");
+        assert!(!t.contains("broker=\"-1\""), "{t}");
+
+        // Broker 2 left the cluster; broker 1 sent nothing in this window.
+        ctx.stats(stats(vec![("a:9092/1", broker(1, None))]));
+        let t = text();
+        assert!(!t.contains(&rtt99("1")), "{t}");
+        assert!(!t.contains("broker=\"2\""), "{t}");
+        assert!(
+            t.contains(
+                "eos_bridge_sink_queue_latency_seconds{broker=\"1\",quantile=\"0.99\"} 0.003"
+            ),
+            "{t}"
+        );
     }
 
     #[test]
