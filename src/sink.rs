@@ -26,7 +26,7 @@ use rdkafka::config::ClientConfig;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{BorrowedMessage, Message, OwnedHeaders, ToBytes};
 use rdkafka::producer::{BaseRecord, DeliveryResult, Producer, ProducerContext, ThreadedProducer};
-use rdkafka::statistics::{Statistics, Window};
+use rdkafka::statistics::Window;
 use rdkafka::util::IntoOpaque;
 use rdkafka::ClientContext;
 use tracing::{debug, info, warn};
@@ -221,6 +221,8 @@ pub(crate) struct SinkContext {
     /// and the brokers its latest statistics reported.
     metrics: Option<Arc<Metrics>>,
     latency_brokers: Mutex<Vec<i32>>,
+    /// Set once statistics failed to decode, so that the warning is logged once.
+    statistics_refused: AtomicBool,
 }
 
 impl SinkContext {
@@ -363,8 +365,39 @@ impl ClientContext for SinkContext {
 
     /// The round trips and queue times per broker, set here rather than by the pipeline, so that
     /// they move while a checkpoint waits on a slow sink, which is when an operator looks.
-    fn stats(&self, statistics: Statistics) {
+    fn stats_raw(&self, statistics: &[u8]) {
+        match serde_json::from_slice::<BrokerStatistics>(statistics) {
+            Ok(s) => self.broker_latency(&s),
+            Err(e) => {
+                if !self.statistics_refused.swap(true, Ordering::Relaxed) {
+                    warn!(error = %e, "the sink producer's statistics could not be read; its latency metrics stay empty");
+                }
+            }
+        }
+    }
+}
+
+/// The part of librdkafka's statistics that the latency gauges read. Decoding only this skips the
+/// objects of every topic and partition (about 1 KB of JSON each) without building them, since the
+/// callback runs on the thread that serves the delivery reports a checkpoint's flush waits for.
+#[derive(serde::Deserialize)]
+struct BrokerStatistics {
+    brokers: HashMap<String, BrokerWindows>,
+}
+
+#[derive(serde::Deserialize)]
+struct BrokerWindows {
+    nodeid: i32,
+    rtt: Option<Window>,
+    int_latency: Option<Window>,
+    #[serde(default)]
+    waitresp_cnt: i64,
+}
+
+impl SinkContext {
+    fn broker_latency(&self, statistics: &BrokerStatistics) {
         let mut reported = Vec::with_capacity(statistics.brokers.len());
+        // The bootstrap entries have no node id: no broker of their own.
         for b in statistics.brokers.values().filter(|b| b.nodeid >= 0) {
             reported.push(b.nodeid);
             let rtt = b.rtt.as_ref().and_then(quantiles);
@@ -1627,6 +1660,15 @@ mod tests {
         assert_eq!(q.p50, Duration::from_micros(2_431));
     }
 
+    /// A window as librdkafka writes it (every field, in µs).
+    fn window_json(cnt: i64, p99_us: i64) -> serde_json::Value {
+        serde_json::json!({
+            "min": 100, "max": 90_000, "avg": 2_000, "sum": 20_000, "stddev": 10, "p50": 1_000,
+            "p75": 1_500, "p90": 2_000, "p95": 2_500, "p99": p99_us, "p99_99": p99_us,
+            "outofrange": 0, "hdrsize": 11_376, "cnt": cnt
+        })
+    }
+
     #[test]
     fn statistics_set_each_brokers_latency_and_drop_a_broker_no_longer_reported() {
         let metrics = Arc::new(Metrics::new());
@@ -1634,44 +1676,41 @@ mod tests {
             metrics: Some(metrics.clone()),
             ..SinkContext::default()
         };
-        let window = |p99_us: i64| Window {
-            cnt: 10,
-            p50: 1_000,
-            p99: p99_us,
-            max: 90_000,
-            ..Window::default()
+        let broker = |nodeid: i32, rtt: serde_json::Value| {
+            serde_json::json!({
+                "name": format!("b{nodeid}:9092/{nodeid}"), "nodeid": nodeid, "state": "UP",
+                "waitresp_cnt": 1, "rtt": rtt, "int_latency": window_json(5, 3_000),
+                "toppars": {}
+            })
         };
-        let broker = |nodeid: i32, rtt: Option<Window>| rdkafka::statistics::Broker {
-            nodeid,
-            rtt,
-            int_latency: Some(window(3_000)),
-            ..Default::default()
-        };
-        let stats = |brokers: Vec<(&str, rdkafka::statistics::Broker)>| Statistics {
-            brokers: brokers
-                .into_iter()
-                .map(|(k, b)| (k.to_string(), b))
-                .collect(),
-            ..Statistics::default()
+        // Everything else librdkafka writes (topics, partitions) is skipped, not decoded.
+        let stats = |brokers: serde_json::Value| {
+            serde_json::to_vec(&serde_json::json!({
+                "name": "rdkafka#producer-1", "type": "producer", "ts": 1, "time": 1,
+                "brokers": brokers,
+                "topics": {"out": {"topic": "out", "partitions": {"0": {"partition": 0}}}}
+            }))
+            .unwrap()
         };
         let text = || String::from_utf8(metrics.render().1).unwrap();
         let rtt99 = |id: &str| {
             format!("eos_bridge_sink_request_rtt_seconds{{broker=\"{id}\",quantile=\"0.99\"}}")
         };
 
-        ctx.stats(stats(vec![
-            ("a:9092/1", broker(1, Some(window(40_000)))),
-            ("b:9092/2", broker(2, Some(window(7_000)))),
-            // The bootstrap entry has no node id: no broker of its own.
-            ("a:9092/bootstrap", broker(-1, Some(window(1_000)))),
-        ]));
+        ctx.stats_raw(&stats(serde_json::json!({
+            "b1:9092/1": broker(1, window_json(10, 40_000)),
+            "b2:9092/2": broker(2, window_json(10, 7_000)),
+            "b1:9092/bootstrap": broker(-1, window_json(10, 1_000)),
+        })));
         let t = text();
         assert!(t.contains(&format!("{} 0.04", rtt99("1"))), "{t}");
         assert!(t.contains(&format!("{} 0.007", rtt99("2"))), "{t}");
         assert!(!t.contains("broker=\"-1\""), "{t}");
 
-        // Broker 2 left the cluster; broker 1 sent nothing in this window.
-        ctx.stats(stats(vec![("a:9092/1", broker(1, None))]));
+        // Broker 2 left the cluster; broker 1 sent no request in this window.
+        ctx.stats_raw(&stats(serde_json::json!({
+            "b1:9092/1": broker(1, window_json(0, 0)),
+        })));
         let t = text();
         assert!(!t.contains(&rtt99("1")), "{t}");
         assert!(!t.contains("broker=\"2\""), "{t}");
@@ -1681,6 +1720,10 @@ mod tests {
             ),
             "{t}"
         );
+
+        // Statistics it cannot read change nothing.
+        ctx.stats_raw(b"{\"brokers\": 7}");
+        assert_eq!(text(), t);
     }
 
     #[test]
