@@ -1693,6 +1693,13 @@ mod tests {
             .unwrap()
         };
         let text = || String::from_utf8(metrics.render().1).unwrap();
+        // The sink latency series alone: the process collector's figures move between renders.
+        let sink_series = |t: &str| {
+            t.lines()
+                .filter(|l| l.starts_with("eos_bridge_sink_"))
+                .collect::<Vec<_>>()
+                .join("\n")
+        };
         let rtt99 = |id: &str| {
             format!("eos_bridge_sink_request_rtt_seconds{{broker=\"{id}\",quantile=\"0.99\"}}")
         };
@@ -1723,7 +1730,7 @@ mod tests {
 
         // Statistics it cannot read change nothing.
         ctx.stats_raw(b"{\"brokers\": 7}");
-        assert_eq!(text(), t);
+        assert_eq!(sink_series(&text()), sink_series(&t));
     }
 
     #[test]
