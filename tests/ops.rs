@@ -364,7 +364,9 @@ fn dashboards_and_alerts_name_only_exposed_metrics() {
     );
 }
 
-/// The value of the first series of `name` with `labels` among them, in Prometheus text.
+/// The value of the first series of `name` with `labels` among them, in Prometheus text. Not
+/// `Bridge::metric`, which scrapes once per series and needs the whole series: the quantiles must
+/// come from one scrape (one statistics window), and the broker's node id is the test broker's.
 fn series_value(metrics: &str, name: &str, labels: &str) -> Option<f64> {
     metrics
         .lines()
