@@ -23,7 +23,10 @@ import urllib.request
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BENCH = os.path.join(ROOT, "bench")
-RELEASE = os.path.join(ROOT, "target", "release")
+# EOS_BRIDGE_BENCH_RELEASE swaps every binary a tool runs (the bridge and the copiers) for another
+# build's, e.g. bench/librdkafka/build's: a whole run then measures that build, ratios and all.
+RELEASE_OVERRIDE = os.environ.get("EOS_BRIDGE_BENCH_RELEASE")
+RELEASE = os.path.abspath(RELEASE_OVERRIDE) if RELEASE_OVERRIDE else os.path.join(ROOT, "target", "release")
 BRIDGE_BIN = os.path.join(RELEASE, "eos-bridge")
 EXAMPLES = os.path.join(RELEASE, "examples")
 KSTREAMS_DIR = os.path.join(BENCH, "kstreams")
@@ -164,6 +167,10 @@ def build(skip=False, kstreams=True):
     # --skip-build skips only cargo (the binaries under test, e.g. for an A/B): the Kafka Streams
     # jar and Kafka itself are still made when missing, or every C3 run of a new machine fails.
     if not skip:
+        if RELEASE_OVERRIDE:
+            # cargo would build target/release, not the directory the run measures.
+            raise SystemExit(f"EOS_BRIDGE_BENCH_RELEASE={RELEASE_OVERRIDE} names a build made elsewhere: "
+                             "add --skip-build")
         log("build: cargo build --release --examples --bin eos-bridge")
         subprocess.run(["cargo", "build", "--release", "--quiet", "--examples", "--bin", "eos-bridge"],
                        cwd=ROOT, check=True)
@@ -196,14 +203,18 @@ def provenance(binary=BRIDGE_BIN):
         for chunk in iter(lambda: f.read(1 << 20), b""):
             h.update(chunk)
     inputs = [os.path.join(ROOT, n) for n in ("Cargo.toml", "Cargo.lock", "build.rs")]
-    for top in ("src", "examples"):
-        for d, _, files in os.walk(os.path.join(ROOT, top)):
-            inputs += [os.path.join(d, n) for n in files if n.endswith(".rs")]
+    for d, _, files in os.walk(os.path.join(ROOT, "src")):
+        inputs += [os.path.join(d, n) for n in files if n.endswith(".rs")]
     newer = sorted(os.path.relpath(f, ROOT) for f in inputs
                    if os.path.exists(f) and os.path.getmtime(f) > st.st_mtime)
+    stale = [f"{f} is newer than the binary" for f in newer[:5]]
+    # An example is a copier of its own: its source against its own binary, not the bridge's.
+    for n in sorted(os.listdir(os.path.join(ROOT, "examples"))):
+        src, exe = os.path.join(ROOT, "examples", n), example(n[:-3])
+        if n.endswith(".rs") and os.path.exists(exe) and os.path.getmtime(src) > os.path.getmtime(exe):
+            stale.append(f"examples/{n} is newer than its binary")
     git = lambda *a: subprocess.run(["git", *a], cwd=ROOT, capture_output=True, text=True).stdout.strip()
     dirty = git("status", "--porcelain", "--", "src", "examples", "Cargo.toml", "Cargo.lock").splitlines()
-    stale = [f"{f} is newer than the binary" for f in newer[:5]]
     stale += [f"uncommitted: {l.strip()}" for l in dirty[:5]]
     built = datetime.datetime.fromtimestamp(st.st_mtime, datetime.timezone.utc)
     return {"binary": os.path.relpath(binary, ROOT), "sha256": h.hexdigest()[:16],
