@@ -209,9 +209,9 @@ def provenance(binary=BRIDGE_BIN):
                    if os.path.exists(f) and os.path.getmtime(f) > st.st_mtime)
     stale = [f"{f} is newer than the binary" for f in newer[:5]]
     # An example is a copier of its own: its source against its own binary, not the bridge's.
-    for n in sorted(os.listdir(os.path.join(ROOT, "examples"))):
+    for n in sorted(f for f in os.listdir(os.path.join(ROOT, "examples")) if f.endswith(".rs")):
         src, exe = os.path.join(ROOT, "examples", n), example(n[:-3])
-        if n.endswith(".rs") and os.path.exists(exe) and os.path.getmtime(src) > os.path.getmtime(exe):
+        if os.path.exists(exe) and os.path.getmtime(src) > os.path.getmtime(exe):
             stale.append(f"examples/{n} is newer than its binary")
     git = lambda *a: subprocess.run(["git", *a], cwd=ROOT, capture_output=True, text=True).stdout.strip()
     dirty = git("status", "--porcelain", "--", "src", "examples", "Cargo.toml", "Cargo.lock").splitlines()
